@@ -1,0 +1,33 @@
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from verispec.models.hf import HFModel
+
+
+def tiny_llama(seed: int, vocab: int = 96, layers: int = 2, hidden: int = 32,
+               noise: float = 0.0) -> HFModel:
+    """A random tiny Llama built from a config (no download).
+
+    noise > 0 gives a draft: the weights of seed's model plus Gaussian noise of
+    that relative size, so it agrees with the target often but not always.
+    """
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=64,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, eos_token_id=None, bos_token_id=None,
+                         pad_token_id=None)
+    model = LlamaForCausalLM(config)
+    # sharpen the output so greedy argmaxes are well separated (no float near-ties)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+        if noise:
+            gen = torch.Generator().manual_seed(1000 + seed)
+            for param in model.parameters():
+                param.add_(noise * param.std() * torch.randn(param.shape, generator=gen))
+    return HFModel(model, None, name=f"tiny-{seed}")
+
+
+@pytest.fixture
+def tiny_pair():
+    return tiny_llama(0), tiny_llama(0, noise=0.25)

@@ -1,0 +1,74 @@
+"""A draft model: proposes k tokens by sampling from its own warped distribution."""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.base import CausalLM
+from ..sampling import Randomness, SamplingConfig, warp
+
+
+class ModelDrafter:
+    """Draft with a smaller causal LM (Leviathan et al. 2023, Algorithm 1, step 1).
+
+    Args:
+        model: the draft model q; it must share the target's tokenizer (its
+            vocabulary may be a prefix of the target's).
+
+    Each proposal feeds whatever part of the context the draft's cache lacks
+    (after a fully accepted block that is the last draft token plus the bonus
+    token), then runs k - 1 single-token forwards. The last draft token is not
+    fed: the next round's `sync` feeds it if it was accepted.
+    """
+
+    name = "model"
+
+    def __init__(self, model: CausalLM) -> None:
+        self.model = model
+
+    @property
+    def forwards(self) -> int:
+        return self.model.forwards
+
+    @property
+    def seconds(self) -> float:
+        return self.model.forward_seconds
+
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig,
+                rng: Randomness) -> tuple[list[int], torch.Tensor]:
+        """Draw x_1..x_k from the draft.
+
+        Args:
+            context: committed tokens (prompt + generated), len >= 1.
+            k: number of drafts, >= 1.
+            sampling: the same warps the target's p gets.
+            rng: randomness source.
+
+        Returns:
+            (x, q): x is a list of k token ids; q is [k, V_draft] with the exact
+            warped distribution each x_i was sampled from. Empty when the
+            context holds an id outside the draft's (prefix) vocabulary.
+        """
+        k = min(k, self.model.context_length - len(context))
+        self.model.rollback_to(context)
+        new = context[len(self.model.tokens):]
+        if k <= 0 or max(new) >= self.model.vocab_size:
+            # a target-only id (beyond a prefix vocabulary) cannot be fed to the draft
+            return [], torch.empty(0, self.model.vocab_size)
+        logits = self.model.forward(new)[-1]
+        xs, qs = [], []
+        for i in range(k):
+            q = warp(logits, sampling)
+            x = rng.categorical(q)
+            xs.append(x)
+            qs.append(q)
+            if i < k - 1:
+                logits = self.model.forward([x])[-1]
+        return xs, torch.stack(qs)
+
+    def rollback(self, committed: list[int]) -> None:
+        """Drop cached draft tokens that were not committed."""
+        self.model.rollback_to(committed)
+
+    def reset(self) -> None:
+        self.model.reset()

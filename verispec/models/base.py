@@ -1,0 +1,112 @@
+"""The small model protocol every backend implements.
+
+A model owns a KV cache indexed by position. The decode loop only ever asks
+for two things: "append these tokens and give me the logits after each", and
+"forget everything after position n". Nobody outside a backend knows its cache
+layout; rollback after a rejection is one `truncate` call.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+
+class CausalLM(ABC):
+    """Base class for a causal LM with a position-indexed KV cache.
+
+    Attributes:
+        tokens: token ids whose keys/values are in the cache (list[int]).
+        vocab_size: V, the number of logits per position (may exceed the
+            tokenizer's length when embeddings are padded).
+        context_length: the most tokens the model can attend to.
+        eos_token_ids: ids that end generation.
+        tokenizer: a Hugging Face-style tokenizer or None (toy models).
+        name: human-readable name for statistics.
+        forward_seconds: wall seconds spent in `_extend`, accumulated.
+    """
+
+    vocab_size: int
+    context_length: int
+    eos_token_ids: frozenset[int] = frozenset()
+    tokenizer = None
+    name: str = "model"
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.forward_seconds = 0.0
+        self.forwards = 0
+
+    # -- backend hooks -------------------------------------------------
+    @abstractmethod
+    def _extend(self, tokens: list[int]) -> torch.Tensor:
+        """Append tokens to the cache; return [len(tokens), V] logits."""
+
+    @abstractmethod
+    def _truncate(self, length: int) -> None:
+        """Drop cache entries at positions >= length."""
+
+    # -- protocol --------------------------------------------------------
+    def forward(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Append `tokens` to the cache and score them.
+
+        Args:
+            tokens: n >= 1 new token ids.
+
+        Returns:
+            [n, V] float32 logits; row i is the next-token logits after
+            self.tokens + tokens[: i + 1].
+
+        Raises:
+            ValueError: if the cache would exceed `context_length`.
+        """
+        tokens = list(tokens)
+        if len(self.tokens) + len(tokens) > self.context_length:
+            raise ValueError(
+                f"{self.name}: {len(self.tokens) + len(tokens)} tokens exceed the context "
+                f"length {self.context_length}; shorten the prompt or max_new_tokens"
+            )
+        start = time.perf_counter()
+        logits = self._extend(tokens)
+        self.forward_seconds += time.perf_counter() - start
+        self.forwards += 1
+        self.tokens.extend(tokens)
+        return logits
+
+    def truncate(self, length: int) -> None:
+        """Roll the cache back so it holds exactly self.tokens[:length]."""
+        if length < len(self.tokens):
+            self._truncate(length)
+            del self.tokens[length:]
+
+    def rollback_to(self, context: Sequence[int]) -> None:
+        """Truncate the cache to its longest common prefix with `context`.
+
+        Keeps at most len(context) - 1 tokens, so a following forward always
+        has at least one token to score.
+        """
+        limit = min(len(self.tokens), len(context) - 1)
+        common = limit
+        if self.tokens[:limit] != list(context[:limit]):
+            common = next(i for i in range(limit) if self.tokens[i] != context[i])
+        self.truncate(common)
+
+    def sync(self, context: Sequence[int]) -> torch.Tensor:
+        """Make the cache hold `context` and return the logits it lacked.
+
+        Args:
+            context: the full token sequence, len >= 1.
+
+        Returns:
+            [m, V] float32 logits for the last m >= 1 positions of `context`
+            (those not already cached); row -1 is the next-token logits.
+        """
+        self.rollback_to(context)
+        return self.forward(context[len(self.tokens):])
+
+    def reset(self) -> None:
+        """Empty the cache."""
+        self.truncate(0)
