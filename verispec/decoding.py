@@ -74,7 +74,9 @@ class RoundRecord:
 class Policy(Protocol):
     """Chooses the drafter and k each round (see `verispec.policy`)."""
 
-    def choose(self) -> tuple[Drafter | None, int]: ...
+    def choose(self, seq: Sequence[int]) -> tuple[Drafter | None, int]:
+        """(drafter, k) for the next round, given the committed tokens."""
+        ...
 
     def observe(self, record: RoundRecord) -> None: ...
 
@@ -212,7 +214,7 @@ def decode(
     target.rollback_to(seq)
     if len(target.tokens) < len(seq) - 1:       # prefill all but the last prompt token
         t = time.perf_counter()
-        target.forward(seq[len(target.tokens):-1])
+        target.forward(seq[len(target.tokens):-1], keep=1)
         stats.prefill_seconds = time.perf_counter() - t
     vocab = target.vocab_size
     eos = target.eos_token_ids
@@ -222,7 +224,7 @@ def decode(
         if room <= 0:
             stats.finish_reason = "context"
             break
-        drafter, k = policy.choose()
+        drafter, k = policy.choose(seq)
         k = max(0, min(k, max_new_tokens - len(out) - 1, room - 1)) if drafter is not None else 0
         x, q, t_draft = [], None, 0.0
         if k > 0:
@@ -236,7 +238,7 @@ def decode(
                 q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
 
         t_target = target.forward_seconds
-        p = warp(target.sync(seq + x)[-(k + 1):], sampling)
+        p = warp(target.sync(seq + x, keep=k + 1), sampling)
         t_target = target.forward_seconds - t_target
         xt = torch.tensor(x, dtype=torch.long)
         u = rng.uniform(k)

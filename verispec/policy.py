@@ -1,8 +1,21 @@
-"""Choosing the drafter and the draft length k each round."""
+"""Choosing the drafter and the draft length k each round.
+
+How many tokens are drafted never changes the output distribution (each round
+is exact for any k, and k is chosen from the past only), so a policy is free to
+optimise speed alone.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .decoding import Drafter, RoundRecord
+from .theory import expected_tokens_positional
+
+
+def _check_k(k) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an integer >= 0 (0 = plain decoding) or 'auto', got {k!r}")
 
 
 class FixedPolicy:
@@ -13,13 +26,162 @@ class FixedPolicy:
     """
 
     def __init__(self, drafter: Drafter | None, k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"k must be an integer >= 0 (0 = plain decoding), got {k!r}")
+        _check_k(k)
         self.drafter = drafter if k > 0 else None
         self.k = k if drafter is not None else 0
 
-    def choose(self) -> tuple[Drafter | None, int]:
+    def choose(self, seq: Sequence[int]) -> tuple[Drafter | None, int]:
         return self.drafter, self.k
 
     def observe(self, record: RoundRecord) -> None:
         pass
+
+
+class _Decayed:
+    """Exponentially decayed mean: weight `decay`**age for each observation."""
+
+    __slots__ = ("total", "weight")
+
+    def __init__(self, prior: float = 0.0, prior_weight: float = 0.0) -> None:
+        self.total, self.weight = prior * prior_weight, prior_weight
+
+    def add(self, value: float, decay: float) -> None:
+        self.total = self.total * decay + value
+        self.weight = self.weight * decay + 1.0
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.weight
+
+
+class AdaptivePolicy:
+    """Choose (drafter, k) each round to maximise expected tokens per second.
+
+    For each drafter d and k = 1..k_max the predicted speedup over plain decoding
+    is (cost-curve form of Leviathan et al. 2023, Theorem 3.8):
+
+        S_d(k) = E(α_d,1..α_d,k) · T_t(1) / (k · T_d + T_t(k+1)),
+        E = Σ_{i=0..k} Π_{j≤i} α_d,j          (per-position acceptance, not i.i.d.)
+
+    with online estimates, decayed so they follow the text:
+      * α_d,i: mean of the exact Σ min(p_i, q_i) at every verified position i
+        (lower variance than counting accepts);
+      * T_t(n): mean verification-forward time for n = k+1 new tokens; unmeasured
+        n are interpolated linearly between measured ones (extrapolated with the
+        slope of the last two, or a prior slope of 10% of T_t(1) per token);
+      * T_d: drafting seconds per drafted token.
+    The best (d, k) is used if its S > 1 + margin; otherwise the round is plain
+    (k = 0). After `probe_every` plain rounds in a row it probes the best drafter
+    once with k = 1, so it can switch back when the text becomes predictable; each
+    failed probe doubles the interval (up to 64 rounds).
+
+    Args:
+        drafters: name -> drafter (e.g. {"model": ModelDrafter(...), "lookup": LookupDrafter()}).
+        k_max: largest draft length considered, >= 1.
+        decay: weight of the past per new observation, in (0, 1).
+        alpha_prior: initial per-position α guess (weighted as `prior_weight` observations).
+        margin: predicted speedup a choice must beat plain decoding by.
+
+    Raises:
+        ValueError: for k_max < 1 or decay outside (0, 1).
+    """
+
+    def __init__(self, drafters: dict[str, Drafter], *, k_max: int = 8, decay: float = 0.9,
+                 alpha_prior: float = 0.6, prior_weight: float = 2.0, margin: float = 0.03,
+                 probe_every: int = 8) -> None:
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+            raise ValueError(f"k_max must be an integer >= 1, got {k_max!r}")
+        if not 0 < decay < 1:
+            raise ValueError(f"decay must be in (0, 1), got {decay!r}")
+        self.drafters = dict(drafters)
+        self.k_max, self.decay, self.margin = k_max, decay, margin
+        self.alpha = {name: [_Decayed(alpha_prior, prior_weight) for _ in range(k_max)]
+                      for name in self.drafters}
+        self.draft_cost = {name: _Decayed() for name in self.drafters}
+        self.target_cost: dict[int, _Decayed] = {}
+        self.probe_every = self.probe_interval = probe_every
+        self.plain_streak = 0
+        self.last_prediction: float = 1.0
+
+    # -- estimates -----------------------------------------------------------
+    def target_time(self, n: int) -> float | None:
+        """Estimated seconds of a target forward over n new tokens (None before any data)."""
+        measured = sorted((m, c.mean) for m, c in self.target_cost.items())
+        if not measured:
+            return None
+        for (n0, t0), (n1, t1) in zip(measured, measured[1:]):
+            if n0 <= n <= n1:
+                return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+        if len(measured) >= 2 and n > measured[-1][0]:
+            (n0, t0), (n1, t1) = measured[-2], measured[-1]
+            slope = max((t1 - t0) / (n1 - n0), 0.0)
+        else:
+            slope = 0.1 * measured[0][1]
+        n_ref, t_ref = measured[-1] if n > measured[-1][0] else measured[0]
+        return max(t_ref + slope * (n - n_ref), 1e-9)
+
+    def predict(self, name: str, k: int) -> float:
+        """Predicted speedup S of drafting k tokens with drafter `name` (1.0 for k = 0)."""
+        if k == 0:
+            return 1.0
+        t1, tk = self.target_time(1), self.target_time(k + 1)
+        cost = self.draft_cost[name]
+        if t1 is None or tk is None or cost.weight == 0:
+            return 1.0 + self.margin * 2   # no data yet: try it
+        alphas = [a.mean for a in self.alpha[name][:k]]
+        return expected_tokens_positional(alphas) * t1 / (k * cost.mean + tk)
+
+    # -- protocol --------------------------------------------------------------
+    def choose(self, seq: Sequence[int]) -> tuple[Drafter | None, int]:
+        best_name, best_k, best_s = None, 0, 1.0 + self.margin
+        for name, drafter in self.drafters.items():
+            limit = self.k_max
+            available = getattr(drafter, "available", None)
+            if available is not None:          # model-free drafter: how much it can offer now
+                limit = min(limit, available(seq))
+            for k in range(1, limit + 1):
+                s = self.predict(name, k)
+                if s > best_s:
+                    best_name, best_k, best_s = name, k, s
+        if best_name is None:
+            self.plain_streak += 1
+            if self.plain_streak >= self.probe_interval and self.drafters:
+                self.plain_streak = 0
+                self.probe_interval = min(self.probe_interval * 2, 64)
+                name = max(self.drafters, key=lambda d: self.predict(d, 1))
+                self.last_prediction = self.predict(name, 1)
+                return self.drafters[name], 1
+            self.last_prediction = 1.0
+            return None, 0
+        self.plain_streak = 0
+        self.last_prediction = best_s
+        return self.drafters[best_name], best_k
+
+    def observe(self, record: RoundRecord) -> None:
+        self.target_cost.setdefault(record.k + 1, _Decayed()).add(record.target_seconds, self.decay)
+        if record.k == 0 or record.drafter not in self.alpha:
+            return
+        if record.accepted == record.k:
+            self.probe_interval = self.probe_every   # a good round: probe eagerly again
+        verified = min(record.accepted + 1, record.k)
+        for i in range(verified):
+            self.alpha[record.drafter][i].add(float(record.alphas[i]), self.decay)
+        self.draft_cost[record.drafter].add(record.draft_seconds / record.k, self.decay)
+
+
+def make_policy(k: int | str, drafters: dict[str, Drafter], *, k_max: int = 8, **kwargs):
+    """Build the policy for `generate(k=...)`.
+
+    Args:
+        k: an integer >= 0 (fixed; the first available drafter, model before
+            lookup) or "auto" (`AdaptivePolicy`, which may also pick k = 0).
+        drafters: name -> drafter; may be empty (then always plain decoding).
+
+    Raises:
+        ValueError: naming `k` when it is neither.
+    """
+    if k == "auto":
+        return AdaptivePolicy(drafters, k_max=k_max, **kwargs)
+    _check_k(k)
+    drafter = next(iter(drafters.values()), None)
+    return FixedPolicy(drafter, k)

@@ -546,15 +546,52 @@ def _token_id(tok: Any, token: str) -> int | None:
     return int(tid)
 
 
+def _load_dense_from_gguf(auto_cls: Any, gguf: Path, dtype: Any) -> Any:
+    """``auto_cls.from_pretrained(dir, gguf_file=...)`` fully dequantized to plain tensors.
+
+    transformers >= 5.2x loads GGUFs through a ``GgufHfQuantizer`` that may keep weights packed
+    (when the ``kernels`` package is present) and marks the model as quantized, which makes
+    ``save_pretrained`` refuse it.  Asking for ``GgufConfig(dequantize=True)`` gives a plain
+    dense model; anything left marked as quantized is checked and unmarked."""
+    kwargs: dict[str, Any] = {"gguf_file": gguf.name, "dtype": dtype}
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers: always dequantizes
+        GgufConfig = None
+    if GgufConfig is not None:
+        kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    model = auto_cls.from_pretrained(str(gguf.parent), **kwargs)
+    model.eval()
+    packed = sorted({type(m).__name__ for m in model.modules() if "gguf" in type(m).__name__.lower()})
+    if packed:
+        raise RuntimeError(f"{gguf.name}: weights stayed packed in {packed}; cannot save a dense copy")
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    bad = {str(p.dtype) for p in model.parameters() if p.dtype != dtype}
+    if bad:
+        raise RuntimeError(f"{gguf.name}: expected all weights in {dtype}, found {sorted(bad)}")
+    return model
+
+
 def _convert_to_dir(
     gguf: Path, dest: Path, *, spec: ModelSpec | None, source_sha256: str | None,
     source_key: str | None, progress: bool,
 ) -> dict[str, Any]:
     """Convert ``gguf`` into a temporary directory beside ``dest`` and ``os.replace`` it into
     place.  Caller holds the lock.  Returns the info written to ``verispec.json``."""
+    import importlib.util
+
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    if importlib.util.find_spec("accelerate") is None:
+        # transformers refuses to load any GGUF without it; fail before the slow tokenizer step.
+        raise ImportError(
+            "converting a GGUF needs the `accelerate` package (transformers requires it for "
+            "from_pretrained(..., gguf_file=...)): pip install accelerate"
+        )
 
     label = spec.name if spec else gguf.name
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -616,13 +653,14 @@ def _convert_to_dir(
             bos_id = tok.bos_token_id
 
         say("loading + dequantizing GGUF weights to float32 (slow: about a minute per GB)")
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        model.eval()
+        model = _load_dense_from_gguf(AutoModelForCausalLM, gguf, torch.float32)
         dtype = str(next(model.parameters()).dtype).replace("torch.", "")
 
         cfg = model.config
         if eos_ids:
-            cfg.eos_token_id = eos_ids[0] if len(eos_ids) == 1 else list(eos_ids)
+            # config.json: the primary (chat) EOS as an int, like the upstream instruct configs;
+            # generation_config.json: every end id, which is what generate() stops on.
+            cfg.eos_token_id = eos_ids[0]
         if pad_id is not None:
             cfg.pad_token_id = int(pad_id)
         if bos_id is not None:
@@ -664,7 +702,9 @@ def _convert_to_dir(
             "convert_seconds": round(time.perf_counter() - t0, 1),
         }
         (tmp / MARKER_NAME).write_text(json.dumps(info, indent=2) + "\n")
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700, safetensors writes 0600
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
 
         # Move into place: an existing (outdated/incomplete) dest is first renamed away.
         if dest.exists():

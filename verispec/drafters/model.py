@@ -55,7 +55,7 @@ class ModelDrafter:
         if k <= 0 or max(new) >= self.model.vocab_size:
             # a target-only id (beyond a prefix vocabulary) cannot be fed to the draft
             return [], torch.empty(0, self.model.vocab_size)
-        logits = self.model.forward(new)[-1]
+        logits = self.model.forward(new, keep=1)[-1]
         xs, qs = [], []
         for i in range(k):
             q = warp(logits, sampling)

@@ -42,23 +42,27 @@ class CausalLM(ABC):
 
     # -- backend hooks -------------------------------------------------
     @abstractmethod
-    def _extend(self, tokens: list[int]) -> torch.Tensor:
-        """Append tokens to the cache; return [len(tokens), V] logits."""
+    def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:
+        """Append tokens to the cache; return [keep, V] logits of the last `keep` positions."""
 
     @abstractmethod
     def _truncate(self, length: int) -> None:
         """Drop cache entries at positions >= length."""
 
     # -- protocol --------------------------------------------------------
-    def forward(self, tokens: Sequence[int]) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         """Append `tokens` to the cache and score them.
 
         Args:
             tokens: n >= 1 new token ids.
+            keep: return only the last `keep` rows (None = all n). Backends
+                skip the output layer for the others (a long prefill then
+                never materialises n x V logits).
 
         Returns:
-            [n, V] float32 logits; row i is the next-token logits after
-            self.tokens + tokens[: i + 1].
+            [min(keep, n), V] float32 logits; row -1 is the next-token logits
+            after self.tokens + tokens (row i of the full [n, V] is the
+            next-token logits after self.tokens + tokens[: i + 1]).
 
         Raises:
             ValueError: if the cache would exceed `context_length`.
@@ -69,8 +73,9 @@ class CausalLM(ABC):
                 f"{self.name}: {len(self.tokens) + len(tokens)} tokens exceed the context "
                 f"length {self.context_length}; shorten the prompt or max_new_tokens"
             )
+        keep = len(tokens) if keep is None else max(1, min(keep, len(tokens)))
         start = time.perf_counter()
-        logits = self._extend(tokens)
+        logits = self._extend(tokens, keep)
         self.forward_seconds += time.perf_counter() - start
         self.forwards += 1
         self.tokens.extend(tokens)
@@ -94,18 +99,19 @@ class CausalLM(ABC):
             common = next(i for i in range(limit) if self.tokens[i] != context[i])
         self.truncate(common)
 
-    def sync(self, context: Sequence[int]) -> torch.Tensor:
+    def sync(self, context: Sequence[int], keep: int | None = None) -> torch.Tensor:
         """Make the cache hold `context` and return the logits it lacked.
 
         Args:
             context: the full token sequence, len >= 1.
+            keep: as in `forward`.
 
         Returns:
             [m, V] float32 logits for the last m >= 1 positions of `context`
-            (those not already cached); row -1 is the next-token logits.
+            (those not already cached, at most `keep`); row -1 is the next-token logits.
         """
         self.rollback_to(context)
-        return self.forward(context[len(self.tokens):])
+        return self.forward(context[len(self.tokens):], keep)
 
     def reset(self) -> None:
         """Empty the cache."""

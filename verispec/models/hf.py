@@ -76,9 +76,9 @@ class HFModel(CausalLM):
         return cls(model, tokenizer, name=label)
 
     @torch.inference_mode()
-    def _extend(self, tokens: list[int]) -> torch.Tensor:
+    def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, cache=self.cache, use_cache=True)
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0].float().cpu()
 
     def _truncate(self, length: int) -> None:

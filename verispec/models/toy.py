@@ -39,13 +39,13 @@ class FunctionModel(CausalLM):
         self.context_length = context_length
         self.name = name
 
-    def _extend(self, tokens: list[int]) -> torch.Tensor:
+    def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:
         prefix = tuple(self.tokens)
         rows = []
         for t in tokens:
             prefix = prefix + (t,)
             rows.append(torch.as_tensor(self.fn(prefix)))
-        return torch.stack(rows)
+        return torch.stack(rows[len(rows) - keep:])
 
     def _truncate(self, length: int) -> None:
         pass  # the "cache" is self.tokens, truncated by the base class

