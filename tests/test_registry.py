@@ -451,7 +451,7 @@ def _fake_converted(directory: Path, **info) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text("{}")
     (directory / "model.safetensors").write_bytes(b"")
-    (directory / registry.MARKER_NAME).write_text(json.dumps(info))
+    (directory / registry.MARKER_NAME).write_text(json.dumps({"format": registry.CONVERT_FORMAT, **info}))
 
 
 def test_resolve_registered_converted_and_missing(cache, monkeypatch):
@@ -471,9 +471,15 @@ def test_resolve_registered_converted_and_missing(cache, monkeypatch):
     assert calls == [spec.name]
 
 
-def test_converted_dir_from_another_gguf_is_not_trusted(cache):
+def test_converted_dir_from_another_gguf_or_format_is_not_trusted(cache):
     name = "smollm2-135m"
     _fake_converted(registry.hf_dir(name), source_sha256="f" * 64)
+    assert not registry.is_converted(name)
+    _fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256, format=0)
+    assert not registry.is_converted(name)
+    _fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256)
+    assert registry.is_converted(name)
+    (registry.hf_dir(name) / "model.safetensors").unlink()
     assert not registry.is_converted(name)
     with pytest.raises(ModelNotFetchedError):
         registry.resolve(name, fetch_missing=False)

@@ -230,8 +230,12 @@ class _Merged(BaseException):
     """Abort a replay: it reached a state whose subtree is already known."""
 
 
+class _Pruned(BaseException):
+    """Abort a replay: nothing under the last uniform draw is left to enumerate."""
+
+
 class _Node:
-    __slots__ = ("kind", "options", "weights", "pos", "size", "k", "alphas")
+    __slots__ = ("kind", "options", "weights", "pos", "size", "alphas", "drafts")
 
     def __init__(self, kind: str, options: list[int] | None, weights: list[float] | None,
                  size: int) -> None:
@@ -241,6 +245,7 @@ class _Node:
         self.pos = 0
         self.size = size            # len(probs) for "cat", k for "unif"
         self.alphas: list[float] | None = None
+        self.drafts: int | None = None   # "unif": stack index of x_1's node, if identified
 
 
 def _below(a: float) -> float:
@@ -282,12 +287,13 @@ class _Enumerator:
 
     def __init__(self, run: Callable[["_Enumerator"], tuple[list[int], Any]], *,
                  alphas_fn: Callable | None, memo: bool, representatives: str,
-                 max_paths: int) -> None:
+                 max_paths: int, collapse: bool = True) -> None:
         if representatives not in ("boundary", "extreme"):
             raise ValueError(f"representatives must be 'boundary' or 'extreme', got {representatives!r}")
         self.run = run
         self.alphas_fn = alphas_fn          # None: from the RoundRecord (shipped rule)
         self.memo = memo
+        self.collapse = collapse
         self.boundary = representatives == "boundary"
         self.max_paths = max_paths
         self.stack: list[_Node] = []
@@ -338,6 +344,10 @@ class _Enumerator:
                                  "replays of the same path")
         else:
             node = _Node("unif", None, None, n)
+            # the round's categorical draws so far are the k drafts x_1..x_k (ModelDrafter)
+            rs = self.round_start
+            if self.collapse and d - rs == n and all(v.kind == "cat" for v in self.stack[rs:d]):
+                node.drafts = rs
             self.stack.append(node)
         self.cursor = d + 1
         self.pending = node
@@ -347,6 +357,9 @@ class _Enumerator:
             return torch.zeros(n)
         j = node.options[node.pos]
         self.path_w.append(node.weights[node.pos])
+        if node.drafts is not None:         # drafts after the rejected one: weight 1 (collapsed)
+            for i in range(node.drafts + j + 1, node.drafts + n):
+                self.path_w[i] = 1.0
         a = node.alphas
         if self.boundary:
             u = [_below(a[i]) for i in range(j)] + ([_above(a[j])] if j < n else [])
@@ -390,22 +403,41 @@ class _Enumerator:
                 weights.append(prefix * rej[j] if j < record.k else prefix)
                 if j < record.k:
                     prefix *= acc[j]
-            node.options = [j for j, w in enumerate(weights) if w > 0]
+            first = 0
+            if node.drafts is not None:
+                drafts = self.stack[node.drafts:node.drafts + record.k]
+                for i, (v, q_i) in enumerate(zip(drafts, record.qx.tolist())):
+                    drawn = v.weights[v.pos]
+                    if not abs(drawn - q_i) <= 1e-12 * max(drawn, q_i):
+                        raise AuditError(
+                            f"draft {i + 1} was drawn with probability {drawn:.6g} but the "
+                            f"drafter reported q = {q_i:.6g}: q must be the distribution the "
+                            f"draft was drawn from (if the round's draws are not the drafts, "
+                            f"pass collapse_drafts=False)")
+                # Patterns "first rejection at j" do not depend on x_{j+2..k}: enumerate
+                # them only under the first option of those draws (with weight 1 there,
+                # since their probabilities sum to 1).
+                first = max((i for i, v in enumerate(drafts) if v.pos != 0), default=0)
+            node.options = [j for j, w in enumerate(weights) if w > 0 and j >= first]
             node.weights = [weights[j] for j in node.options]
             node.alphas = acc
             self.probes += 1
             self.probe_depth = depth
+            if not node.options:            # everything here is covered by a sibling
+                raise _Pruned
             raise _Restart
         j = node.options[node.pos]
         if record.accepted != j:
+            what = f"first rejection at draft {j + 1}" if j < record.k else "all drafts accepted"
             raise AuditError(
-                f"acceptance rule inconsistent with min(1, p/q): pattern 'first rejection at "
-                f"{j}' (probability {node.weights[node.pos]:.6g}, α = "
+                f"acceptance rule inconsistent with min(1, p/q): pattern '{what}' "
+                f"(probability {node.weights[node.pos]:.6g}, α = "
                 f"{[round(a, 6) for a in node.alphas]}) realised accepted={record.accepted} "
                 f"of k={record.k}")
 
     def on_commit(self, block: list[int]) -> None:
         self.out.extend(block)
+        self.round_start = self.cursor
         if not self.memo:
             return
         key = (tuple(self.out), self.state_key())
@@ -433,6 +465,7 @@ class _Enumerator:
         self.out: list[int] = []
         self.history: list[tuple[int, int]] = []
         self.pending, self.pending_depth = None, -1
+        self.round_start = 0
         self.captured = None
         self.last = (self.root, 0)
         self.replays += 1
@@ -446,6 +479,10 @@ class _Enumerator:
             return
         except _Merged:
             del self.stack[self.cursor:]
+            self._advance()
+            return
+        except _Pruned:
+            del self.stack[self.probe_depth:]
             self._advance()
             return
         if self.cursor != len(self.stack):
@@ -555,6 +592,7 @@ def exact_distribution(
     *,
     stop: Callable[[list[int]], bool] | None = None,
     memo: bool = True,
+    collapse_drafts: bool = True,
     representatives: str = "boundary",
     max_paths: int = 2_000_000,
     stats: dict | None = None,
@@ -578,6 +616,11 @@ def exact_distribution(
             min(1, p/q).
         stop: passed to `decode`.
         memo: merge paths at identical round-boundary states (module doc).
+        collapse_drafts: when a round's categorical draws are exactly its k drafts
+            (as with `ModelDrafter`), enumerate the pattern "first rejection at j"
+            under one value of the later drafts x_{j+2..k} only, with weight 1
+            (they cannot change the outcome; their probabilities sum to 1). Also
+            checks that each draft was drawn from the q the drafter reports.
         representatives: "boundary" (default) or "extreme" uniforms per pattern.
         max_paths: safety cap on replays.
         stats: if a dict, filled with replays/probes/merges/seconds/dtype.
@@ -594,7 +637,8 @@ def exact_distribution(
     prompt = list(prompt)
     alphas_fn = getattr(verify_fn, "acceptance_probs", None) if verify_fn is not None else None
     enum = _Enumerator(lambda e: None, alphas_fn=alphas_fn, memo=memo,
-                       representatives=representatives, max_paths=max_paths)
+                       representatives=representatives, max_paths=max_paths,
+                       collapse=collapse_drafts)
 
     def run(e: _Enumerator):
         policy = make_policy()
@@ -825,9 +869,15 @@ class AuditReport:
         n_samples: N per sampler; m: tokens compared; alpha_level: family-wise level.
         alpha_per_test: alpha_level / number of tests (Bonferroni).
         tests: per position 1..m, then the joint m-token prefix.
-        tv, tv_ci: plug-in TV of the joint prefix and its bootstrap percentile
-            interval (the plug-in estimate is biased upwards when there are many
-            categories; compare it with its interval rather than with 0).
+        tv: plug-in TV between the two empirical distributions of the joint prefix.
+            It is biased upwards (order sqrt(categories / N) even with no
+            difference); read it together with:
+        tv_corrected, tv_ci: bootstrap bias-corrected TV and basic bootstrap
+            interval (clipped at 0) at level `confidence`;
+        tv_null: the `confidence` quantile of the plug-in TV under random
+            re-splits of the pooled samples (its size when nothing differs);
+        tv_p_value: permutation p-value of the observed TV (informational; the
+            verdict uses the chi-square / G tests).
         verdict: "pass" (no test rejects) or "FAIL".
     """
 
@@ -840,7 +890,10 @@ class AuditReport:
     method: str
     tests: list[TestResult]
     tv: float
+    tv_corrected: float
     tv_ci: tuple[float, float]
+    tv_null: float
+    tv_p_value: float
     confidence: float
     verdict: str
     seconds: float = 0.0
@@ -869,8 +922,9 @@ class AuditReport:
         colour = "green" if self.passed else "red"
         table = Table(title=f"{self.candidate} vs {self.reference}: N = {self.n_samples} each, "
                             f"m = {self.m}, α = {self.alpha_level} (Bonferroni {self.alpha_per_test:.2g})",
-                      caption=f"[{colour}]{self.verdict}[/{colour}]  TV(joint) = {self.tv:.4f} "
-                              f"[{self.tv_ci[0]:.4f}, {self.tv_ci[1]:.4f}] "
+                      caption=f"[{colour}]{self.verdict}[/{colour}]  TV̂(joint) = {self.tv:.4f} "
+                              f"(no-difference level {self.tv_null:.4f}); bias-corrected "
+                              f"{self.tv_corrected:.4f} [{self.tv_ci[0]:.4f}, {self.tv_ci[1]:.4f}] "
                               f"({self.confidence:.0%} bootstrap)")
         for col in ("test", self.method, "dof", "p-value", "categories", "TV̂", "reject"):
             table.add_column(col, justify="left" if col == "test" else "right")
@@ -913,20 +967,43 @@ def _homogeneity(a: Sequence[Hashable], b: Sequence[Hashable], name: str,
                       len(pooled) if pooled else 0, tv)
 
 
-def _bootstrap_tv(a: Sequence[Hashable], b: Sequence[Hashable], reps: int, confidence: float,
-                  seed: int) -> tuple[float, float]:
+def _tv_resampling(a: Sequence[Hashable], b: Sequence[Hashable], reps: int, confidence: float,
+                   seed: int) -> dict[str, Any]:
+    """Bootstrap and permutation views of the plug-in TV between samples a and b.
+
+    The plug-in TV is biased upwards (with C categories and N samples it is of
+    order sqrt(C / N) even when the distributions are equal), so:
+      * ``tv_corrected`` = max(0, 2·TV̂ − mean of bootstrap TVs) (bootstrap bias correction);
+      * ``tv_ci`` = the basic bootstrap interval [2·TV̂ − q_hi, 2·TV̂ − q_lo], clipped at 0;
+      * ``tv_null`` = the `confidence` quantile of TV̂ over random re-splits of the
+        pooled samples (what TV̂ looks like at this N when nothing differs), and
+        ``tv_p_value`` the permutation p-value of the observed TV̂.
+    """
     index: dict[Hashable, int] = {}
     ia = np.array([index.setdefault(s, len(index)) for s in a])
     ib = np.array([index.setdefault(s, len(index)) for s in b])
-    c = len(index)
+    c, na, nb = len(index), len(ia), len(ib)
+
+    def tv(xa: np.ndarray, xb: np.ndarray) -> float:
+        return 0.5 * float(np.abs(np.bincount(xa, minlength=c) / len(xa)
+                                  - np.bincount(xb, minlength=c) / len(xb)).sum())
+
     rng = np.random.default_rng(seed)
-    tvs = np.empty(reps)
+    observed = tv(ia, ib)
+    boot = np.array([tv(ia[rng.integers(0, na, na)], ib[rng.integers(0, nb, nb)])
+                     for _ in range(reps)])
+    pooled = np.concatenate([ia, ib])
+    null = np.empty(reps)
     for r in range(reps):
-        fa = np.bincount(ia[rng.integers(0, len(ia), len(ia))], minlength=c) / len(ia)
-        fb = np.bincount(ib[rng.integers(0, len(ib), len(ib))], minlength=c) / len(ib)
-        tvs[r] = 0.5 * np.abs(fa - fb).sum()
-    lo, hi = np.quantile(tvs, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return float(lo), float(hi)
+        perm = rng.permutation(pooled)
+        null[r] = tv(perm[:na], perm[na:])
+    q_lo, q_hi = np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return dict(
+        tv_corrected=max(0.0, 2 * observed - float(boot.mean())),
+        tv_ci=(max(0.0, 2 * observed - float(q_hi)), max(0.0, 2 * observed - float(q_lo))),
+        tv_null=float(np.quantile(null, confidence)),
+        tv_p_value=float((1 + np.sum(null >= observed - 1e-15)) / (reps + 1)),
+    )
 
 
 def _normalise(sample: Sequence[int], m: int) -> tuple[int, ...]:
@@ -965,11 +1042,11 @@ def audit_samples(reference: Sequence[Sequence[int]], candidate: Sequence[Sequen
     alpha_per_test = alpha_level / len(tests)
     for t in tests:
         t.reject = t.p_value < alpha_per_test
-    tv_ci = _bootstrap_tv(a, b, bootstrap, confidence, bootstrap_seed)
+    resampled = _tv_resampling(a, b, bootstrap, confidence, bootstrap_seed)
     return AuditReport(
         reference=reference_label, candidate=candidate_label, n_samples=min(len(a), len(b)),
         m=m, alpha_level=alpha_level, alpha_per_test=alpha_per_test,
-        method="G" if method == "g" else "χ²", tests=tests, tv=tests[-1].tv, tv_ci=tv_ci,
+        method="G" if method == "g" else "χ²", tests=tests, tv=tests[-1].tv, **resampled,
         confidence=confidence, verdict="FAIL" if any(t.reject for t in tests) else "pass",
         seconds=time.perf_counter() - start)
 
@@ -1072,8 +1149,11 @@ def decode_sampler(target: CausalLM, drafter_or_policy_factory, prompt: Sequence
     make_policy = _policy_factory(drafter_or_policy_factory, k)
     prompt = list(prompt)
 
+    # toy models: tiny tensors, where waking intra-op threads costs more than the work
+    threads = _single_thread if isinstance(target, FunctionModel) else nullcontext
+
     def sample(seed: int) -> list[int]:
-        with using_verify(verify_fn) if verify_fn is not None else nullcontext():
+        with using_verify(verify_fn) if verify_fn is not None else nullcontext(), threads():
             return decode(target, prompt, make_policy(), sampling=sampling, max_new_tokens=m,
                           rng=TorchRandomness(seed)).tokens
 

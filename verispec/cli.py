@@ -208,6 +208,183 @@ def models_fetch(
             _fail(f"{name}: {e}")
 
 
+@app.command()
+def analyze(
+    target: Optional[str] = TARGET,
+    draft: Optional[str] = DRAFT,
+    backend: Optional[str] = BACKEND,
+    drafter: str = typer.Option("model", "--drafter", help="model or lookup"),
+    prompts: Optional[str] = typer.Option(
+        None, "--prompts", help="Spec-Bench JSON lines (question_id, category, turns) or plain text, one "
+        "prompt a line (default: $VERISPEC_SPEC_BENCH, else ../shared/data/spec_bench/question.jsonl)"),
+    per_category: int = typer.Option(3, "--per-category", help="prompts per category (0 = all)"),
+    raw_categories: bool = typer.Option(False, "--raw-categories",
+                                        help="keep MT-Bench categories apart (default: one 'multi-turn' group)"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="trajectory length per prompt"),
+    k_max: int = typer.Option(6, "--k-max", help="K: drafts per evaluation point; k = 0..K predicted"),
+    stride: Optional[int] = typer.Option(None, "--stride",
+                                         help="evaluate α every N positions (default: about 32 points a prompt)"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
+    top_k: int = typer.Option(0, "--top-k", help="0 = off"),
+    top_p: float = typer.Option(1.0, "--top-p", help="in (0, 1]; 1 = off"),
+    seed: int = typer.Option(0, "--seed"),
+    repeats: int = typer.Option(5, "--repeats", help="timed repeats per cost-curve point (median)"),
+    prefix_tokens: int = typer.Option(200, "--prefix-tokens", help="context length the cost curve is timed at"),
+    measure: bool = typer.Option(False, "--measure",
+                                 help="also run fixed-k decodes (one prompt per category) and plot measured speedups"),
+    out: str = typer.Option("verispec-analysis", "--out", help="directory for analysis.json and the plots"),
+    as_json: bool = typer.Option(False, "--json", help="print analysis.json to stdout instead of tables"),
+) -> None:
+    """Measure α (per category, per draft position) and the cost curve; predict the speedup vs k."""
+    from . import analyze as an
+    from .sampling import SamplingConfig
+
+    if drafter not in ("model", "lookup"):
+        _fail(f"--drafter must be model or lookup, got {drafter!r}")
+    for name, value, low in (("--k-max", k_max, 1), ("--max-new-tokens", max_new_tokens, 1),
+                             ("--per-category", per_category, 0), ("--repeats", repeats, 1),
+                             ("--prefix-tokens", prefix_tokens, 1)):
+        if value < low:
+            _fail(f"{name} must be >= {low}, got {value}")
+    if stride is not None and stride < 1:
+        _fail(f"--stride must be >= 1, got {stride}")
+    try:
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+        prompt_list = an.load_prompts(prompts, per_category=per_category, raw_categories=raw_categories)
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+    decoder, backend = build_decoder(target, draft, backend, drafter)
+    config = an.AnalyzeConfig(k_max=k_max, max_new_tokens=max_new_tokens, stride=stride, sampling=sampling,
+                              seed=seed, prefix_tokens=prefix_tokens, repeats=repeats, measure=measure)
+    try:
+        with err.status("analysing") as status:
+            analysis = an.run_analysis(decoder.target, prompt_list, decoder.encode, config,
+                                       drafter_kind=drafter, draft=decoder.draft,
+                                       progress=lambda msg: status.update(msg))
+        analysis["backend"] = backend
+        analysis["prompts_file"] = str(prompts) if prompts else str(an.default_prompts_path())
+        paths = an.write_outputs(analysis, out)
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+    if as_json:
+        print(json.dumps(analysis, default=float))
+        return
+    console = Console()
+    for table in an.render_tables(analysis):
+        console.print(table)
+    for line in an.closing_notes(analysis):
+        console.print(f"• {line}")
+    err.print(f"wrote {paths['json']}, {paths['alpha']}, {paths['speedup']}")
+
+
+@app.command()
+def bench(
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Spec-Bench question.jsonl (default: "
+                                          "$VERISPEC_SPEC_BENCH, else ../shared/data/spec_bench/question.jsonl "
+                                          "next to the repository)"),
+    categories: Optional[str] = typer.Option(None, "--categories", help="comma-separated: translation, "
+                                             "summarization, qa, math_reasoning, rag, multi-turn, or a raw "
+                                             "MT-Bench category such as coding (default: the first six)"),
+    per_category: Optional[int] = typer.Option(None, "--per-category", help="prompts per category, "
+                                               "first N in file order (default: 3; --quick: 1)"),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens",
+                                                 help="budget per generation (default: 128; --quick: 64)"),
+    methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated: plain, verispec, "
+                                          "verispec-k4, verispec-lookup, verispec-auto, hf-plain, hf-assisted, "
+                                          "hf-prompt-lookup (default: all verispec ones, + hf-assisted and "
+                                          "hf-prompt-lookup on transformers); plain is always run"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (outputs compared with plain)"),
+    seed: int = typer.Option(0, "--seed", help="seed of every generation (sampling)"),
+    out: Optional[str] = typer.Option(None, "--out", help="output directory (default: "
+                                      "benchmarks/<backend>-<date>)"),
+    backend: Optional[str] = BACKEND,
+    target: Optional[str] = TARGET,
+    draft: Optional[str] = DRAFT,
+    quick: bool = typer.Option(False, "--quick", help="1 prompt per category, 64 new tokens, methods "
+                               "plain,verispec,verispec-auto (+hf-assisted on transformers)"),
+    resume: bool = typer.Option(False, "--resume", help="continue --out: skip (prompt, method) pairs "
+                                "already measured"),
+    force: bool = typer.Option(False, "--force", help="start over when --out already holds results"),
+    report: Optional[str] = typer.Option(None, "--report", help="only rebuild table.md, summary.json and "
+                                         "speedup.png in DIR from its results.jsonl (no models)"),
+    table_only: bool = typer.Option(False, "--table-only", help="like --report, for the --out directory"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+) -> None:
+    """Benchmark verispec against plain decoding on Spec-Bench (first turns), Spec-Bench-style tables."""
+    import datetime
+    import shlex
+    from pathlib import Path
+
+    from . import bench as B
+    from . import registry
+
+    if report is not None or table_only:
+        where = report if report is not None else out
+        if where is None:
+            _fail("--table-only needs --out DIR (or use --report DIR)")
+        try:
+            markdown = B.write_report(where)
+        except B.BenchError as e:
+            _fail(str(e))
+        sys.stdout.write(markdown)
+        err.print(f"wrote {Path(where) / B.TABLE}, {B.SUMMARY}, {B.PLOT}")
+        return
+
+    backend = backend or default_backend()
+    if backend not in ("transformers", "llamacpp"):
+        _fail(f"--backend must be transformers or llamacpp, got {backend!r}")
+    if per_category is None:
+        per_category = 1 if quick else 3
+    if max_new_tokens is None:
+        max_new_tokens = 64 if quick else 128
+    if max_new_tokens < 1:
+        _fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        _fail(f"--temperature must be >= 0, got {temperature}")
+    if resume and force:
+        _fail("--resume and --force contradict each other; choose one")
+    if draft is None and target in (None, registry.DEFAULT_TARGET):
+        draft = registry.DEFAULT_DRAFT
+    if draft in ("none", ""):
+        draft = None
+    target = target or registry.DEFAULT_TARGET
+    try:
+        method_list = B.parse_list(methods)
+        if method_list is None:
+            method_list = B.quick_methods(backend) if quick else B.default_methods(backend, draft is not None)
+        method_list = B.check_methods(method_list, backend, draft is not None)
+        category_list = B.parse_list(categories) or list(B.QUICK_CATEGORIES if quick else B.DEFAULT_CATEGORIES)
+        dataset_path = B.resolve_dataset(dataset)
+        questions = B.load_questions(dataset_path, category_list, per_category)
+    except B.BenchError as e:
+        _fail(str(e))
+    out_dir = Path(out) if out else Path("benchmarks") / f"{backend}-{datetime.date.today().isoformat()}"
+    if (out_dir / B.RESULTS).is_file() and not (resume or force) and B.load_results(out_dir):
+        _fail(f"--out {out_dir} already holds {B.RESULTS}; pass --resume to continue that run, "
+              "--force to start over, or another --out")
+    err.print(f"bench: {len(questions)} prompts x {len(method_list)} methods ({', '.join(method_list)}), "
+              f"{max_new_tokens} new tokens, backend {backend} -> {out_dir}")
+    decoder, backend = build_decoder(target, draft or "none", backend, "auto")
+    command = "verispec " + shlex.join(sys.argv[1:])
+    meta = {"command": command, "dataset": str(dataset_path), "per_category": per_category,
+            "categories": category_list, "quick": quick}
+    try:
+        B.run_bench(questions, method_list, target=decoder, backend=backend,
+                    max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                    out_dir=out_dir, resume=resume, overwrite=force, meta=meta,
+                    progress=not no_progress, log=lambda msg: err.print(f"[yellow]{msg}[/]"))
+    except B.BenchError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        err.print(f"interrupted; finished measurements are in {out_dir / B.RESULTS} (use --resume)")
+        if B.load_results(out_dir):
+            B.write_report(out_dir)
+        raise typer.Exit(130)
+    markdown = B.write_report(out_dir)
+    sys.stdout.write(markdown)
+    err.print(f"wrote {out_dir / B.RESULTS}, {B.TABLE}, {B.SUMMARY}, {B.PLOT}")
+
+
 def main() -> None:  # pragma: no cover
     app()
 

@@ -42,8 +42,8 @@ class _Decayed:
 
     __slots__ = ("total", "weight")
 
-    def __init__(self, prior: float = 0.0, prior_weight: float = 0.0) -> None:
-        self.total, self.weight = prior * prior_weight, prior_weight
+    def __init__(self) -> None:
+        self.total, self.weight = 0.0, 0.0
 
     def add(self, value: float, decay: float) -> None:
         self.total = self.total * decay + value
@@ -65,7 +65,9 @@ class AdaptivePolicy:
 
     with online estimates, decayed so they follow the text:
       * α_d,i: mean of the exact Σ min(p_i, q_i) at every verified position i
-        (lower variance than counting accepts);
+        (lower variance than counting accepts), shrunk towards α_d,i-1 (and
+        α_d,1 towards `alpha_prior`) with the weight of `prior_weight`
+        observations, so rarely reached positions borrow from shallower ones;
       * T_t(n): mean verification-forward time for n = k+1 new tokens; unmeasured
         n are interpolated linearly between measured ones (extrapolated with the
         slope of the last two, or a prior slope of 10% of T_t(1) per token);
@@ -95,8 +97,8 @@ class AdaptivePolicy:
             raise ValueError(f"decay must be in (0, 1), got {decay!r}")
         self.drafters = dict(drafters)
         self.k_max, self.decay, self.margin = k_max, decay, margin
-        self.alpha = {name: [_Decayed(alpha_prior, prior_weight) for _ in range(k_max)]
-                      for name in self.drafters}
+        self.alpha_prior, self.prior_weight = alpha_prior, prior_weight
+        self.alpha = {name: [_Decayed() for _ in range(k_max)] for name in self.drafters}
         self.draft_cost = {name: _Decayed() for name in self.drafters}
         self.target_cost: dict[int, _Decayed] = {}
         self.probe_every = self.probe_interval = probe_every
@@ -120,6 +122,14 @@ class AdaptivePolicy:
         n_ref, t_ref = measured[-1] if n > measured[-1][0] else measured[0]
         return max(t_ref + slope * (n - n_ref), 1e-9)
 
+    def alphas(self, name: str, k: int) -> list[float]:
+        """Estimated per-position acceptance α_1..α_k of drafter `name`."""
+        out, previous = [], self.alpha_prior
+        for stat in self.alpha[name][:k]:
+            previous = (stat.total + self.prior_weight * previous) / (stat.weight + self.prior_weight)
+            out.append(previous)
+        return out
+
     def predict(self, name: str, k: int) -> float:
         """Predicted speedup S of drafting k tokens with drafter `name` (1.0 for k = 0)."""
         if k == 0:
@@ -128,8 +138,7 @@ class AdaptivePolicy:
         cost = self.draft_cost[name]
         if t1 is None or tk is None or cost.weight == 0:
             return 1.0 + self.margin * 2   # no data yet: try it
-        alphas = [a.mean for a in self.alpha[name][:k]]
-        return expected_tokens_positional(alphas) * t1 / (k * cost.mean + tk)
+        return expected_tokens_positional(self.alphas(name, k)) * t1 / (k * cost.mean + tk)
 
     # -- protocol --------------------------------------------------------------
     def choose(self, seq: Sequence[int]) -> tuple[Drafter | None, int]:

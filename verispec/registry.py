@@ -70,6 +70,8 @@ __all__ = [
 
 CACHE_ENV = "VERISPEC_CACHE"
 MARKER_NAME = "verispec.json"  # written inside every converted HF directory
+# Bump when convert() changes what it writes: older conversions are then redone.
+CONVERT_FORMAT = 1
 _CHUNK = 1 << 20  # 1 MiB streaming chunks
 
 
@@ -499,6 +501,8 @@ def _hf_dir_complete(directory: Path, source_sha256: str | None = None, source_k
         return False
     if not any(directory.glob("*.safetensors")):
         return False
+    if info.get("format") != CONVERT_FORMAT:
+        return False
     if source_sha256 is not None and info.get("source_sha256") != source_sha256:
         return False
     if source_key is not None and info.get("source_key") != source_key:
@@ -527,13 +531,8 @@ def _gguf_metadata(path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in wanted:
         f = reader.fields.get(key)
-        if f is None:
-            continue
-        try:
+        if f is not None:
             out[key] = f.contents()
-        except Exception:  # pragma: no cover - very old gguf package
-            part = f.parts[f.data[0]]
-            out[key] = bytes(part).decode("utf-8") if key.endswith("template") or key.startswith("general.") else part[0].item()
     del reader
     return out
 
@@ -673,6 +672,10 @@ def _convert_to_dir(
         )
         model.generation_config = gen
 
+        max_pos = getattr(cfg, "max_position_embeddings", None)
+        if isinstance(max_pos, int) and max_pos > 0:
+            tok.model_max_length = max_pos  # GGUF tokenizers come back with "unlimited" (1e30)
+
         say(f"saving {dtype} safetensors")
         model.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
@@ -682,6 +685,7 @@ def _convert_to_dir(
         del model
 
         info: dict[str, Any] = {
+            "format": CONVERT_FORMAT,
             "name": label,
             "registered": spec is not None,
             "source_gguf": str(gguf),
@@ -828,7 +832,7 @@ def _dir_chat(directory: Path) -> bool | None:
     return bool(cfg.get("chat_template"))
 
 
-def resolve(spec: str, fetch_missing: bool = True) -> ResolvedModel:
+def resolve(spec: str, fetch_missing: bool = True, progress: bool = True) -> ResolvedModel:
     """Turn a user model spec into something ``from_pretrained`` can load.
 
     Rules, in order:
@@ -847,7 +851,8 @@ def resolve(spec: str, fetch_missing: bool = True) -> ResolvedModel:
     * a hub id -> ``"hub_id"``, passed through unchanged;
     * anything else -> :class:`UnknownModelError` listing the registered names.
 
-    A path that exists but cannot be read raises ``PermissionError`` with the path."""
+    A path that exists but cannot be read raises ``PermissionError`` with the path.
+    ``progress`` shows download/conversion progress on stderr when work is needed."""
     if not isinstance(spec, str) or not spec.strip():
         raise UnknownModelError(_unknown_message(str(spec)))
     spec = spec.strip()
@@ -856,12 +861,12 @@ def resolve(spec: str, fetch_missing: bool = True) -> ResolvedModel:
         m = REGISTRY[spec]
         if not is_converted(m.name):
             if not fetch_missing:
-                state = "fetched but not converted" if is_fetched(m.name) else "not fetched"
+                state = "downloaded but not converted" if is_fetched(m.name) else "not downloaded"
                 raise ModelNotFetchedError(
                     f"model {m.name!r} is registered but {state} yet (cache: {cache_dir()}); "
                     f"run `verispec models fetch {m.name}` first"
                 )
-            convert(m.name)
+            convert(m.name, progress=progress)
         d = hf_dir(m.name)
         g = gguf_path(m.name)
         return ResolvedModel(
@@ -891,7 +896,7 @@ def resolve(spec: str, fetch_missing: bool = True) -> ResolvedModel:
                 raise PermissionError(f"cannot read {p / 'config.json'}: permission denied")
             return ResolvedModel(kind="hf_dir", name=p.resolve().name, hf_path=str(p), chat=_dir_chat(p))
         if p.is_file() and p.suffix.lower() == ".gguf":
-            d = convert_gguf_file(p)
+            d = convert_gguf_file(p, progress=progress)
             info = _read_marker_json(d) or {}
             return ResolvedModel(
                 kind="gguf_file", name=p.stem, hf_path=str(d), gguf_path=p,
