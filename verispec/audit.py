@@ -55,7 +55,6 @@ of the prefix), `toy_fixed_model` (the same distribution at every position) and
 from __future__ import annotations
 
 import math
-import sys
 import time
 import zlib
 from collections import Counter, defaultdict
@@ -285,7 +284,7 @@ def _record_alphas(record: RoundRecord) -> tuple[list[float], list[float]]:
 class _Enumerator:
     """Depth-first replay enumeration of one decode configuration (see module doc)."""
 
-    def __init__(self, run: Callable[["_Enumerator"], tuple[list[int], Any]], *,
+    def __init__(self, run: Callable[["_Enumerator"], list[int]], *,
                  alphas_fn: Callable | None, memo: bool, representatives: str,
                  max_paths: int, collapse: bool = True) -> None:
         if representatives not in ("boundary", "extreme"):
@@ -473,7 +472,7 @@ class _Enumerator:
             raise AuditError(f"more than {self.max_paths} replays: the tree is too large for "
                              "exact enumeration (use a smaller vocabulary, n, k or a top-k warp)")
         try:
-            tokens, self._policy = self.run(self)
+            tokens = self.run(self)
         except _Restart:                    # drop what the probe round created after the draw
             del self.stack[self.probe_depth + 1:]
             return
@@ -539,8 +538,7 @@ class _Enumerator:
             expanded[key] = dict(res)
             return expanded[key]
 
-        sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-        return expand(self.root)
+        return expand(self.root)           # recursion depth = number of rounds
 
 
 @contextmanager
@@ -646,7 +644,7 @@ def exact_distribution(
         e.state_key = lambda: key_fn(e.history)
         result = decode(target, prompt, policy, sampling=sampling, max_new_tokens=n, rng=e,
                         stop=stop, observer=e.observer, on_commit=e.on_commit)
-        return result.tokens, policy
+        return result.tokens
 
     enum.run = run
     ctx = using_verify(enum.capture_verify(verify_fn)) if verify_fn is not None else nullcontext()

@@ -204,7 +204,7 @@ def models_fetch(
             err.print(f"{name}: {path} (sha256 verified)")
             if not no_convert:
                 err.print(f"{name}: converted -> {registry.convert(name)}")
-        except (ValueError, RuntimeError, OSError) as e:
+        except (ValueError, RuntimeError, OSError, ImportError) as e:
             _fail(f"{name}: {e}")
 
 
