@@ -31,3 +31,16 @@ def tiny_llama(seed: int, vocab: int = 96, layers: int = 2, hidden: int = 32,
 @pytest.fixture
 def tiny_pair():
     return tiny_llama(0), tiny_llama(0, noise=0.25)
+
+
+@pytest.fixture(autouse=True)
+def one_thread_for_tiny_models(request):
+    """Tiny tensors: waking a second intra-op thread costs more than the work (and
+    is very slow on a loaded 2-core machine). Real-model tests keep all threads."""
+    if request.module.__name__.endswith("test_real_models"):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -314,6 +314,12 @@ def test_homogeneity_pools_rare_categories():
     joint = rep.tests[-1]
     assert joint.categories == 11 and joint.pooled == 40
     assert rep.verdict == "pass"
+    # every category rare: nothing left to test, reported as such (all-distinct samples carry
+    # no evidence either way: even the permutation TV level is 1)
+    rep = audit_samples([[i] for i in range(60)], [[100 + i] for i in range(60)], 1)
+    assert not rep.tests[0].testable and rep.tests[0].p_value == 1.0
+    assert rep.to_dict()["tests"][0]["testable"] is False and rep.tv_null == pytest.approx(1.0)
+    rep.table()
     # shorter outputs (EOS) are their own category, not an error
     rep = audit_samples([[1]] * 50 + [[1, 2]] * 50, [[1, 2]] * 100, 2)
     assert rep.tests[1].p_value < 1e-6

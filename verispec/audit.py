@@ -76,7 +76,7 @@ from .sampling import SamplingConfig, TorchRandomness, warp
 from .verify import acceptance_rate, verify
 
 __all__ = [
-    "AuditError", "ExactReport", "AuditReport", "TestResult",
+    "AuditError", "ExactReport", "AuditReport", "HomogeneityResult",
     "using_verify", "naive_agree_verify", "always_accept_verify", "NAIVE_RULES",
     "exact_distribution", "target_distribution", "total_variation", "marginal",
     "audit_exact", "audit_exact_rules", "exact_table",
@@ -845,7 +845,7 @@ _ENDED = -1     # category for "generation had ended before this position"
 
 
 @dataclass
-class TestResult:
+class HomogeneityResult:
     """One homogeneity test (a 2 x C table after pooling rare categories)."""
 
     name: str
@@ -856,6 +856,11 @@ class TestResult:
     pooled: int            # raw categories pooled into "other"
     tv: float              # plug-in TV between the two empirical distributions
     reject: bool = False
+
+    @property
+    def testable(self) -> bool:
+        """False when pooling left < 2 columns (too few samples for this many categories)."""
+        return self.categories >= 2
 
 
 @dataclass
@@ -886,7 +891,7 @@ class AuditReport:
     alpha_level: float
     alpha_per_test: float
     method: str
-    tests: list[TestResult]
+    tests: list[HomogeneityResult]
     tv: float
     tv_corrected: float
     tv_ci: tuple[float, float]
@@ -911,6 +916,8 @@ class AuditReport:
         d["tv_ci"] = list(self.tv_ci)
         d["passed"] = self.passed
         d["min_p_value"] = self.min_p_value
+        for t, row in zip(self.tests, d["tests"]):
+            row["testable"] = t.testable
         return d
 
     def table(self):
@@ -927,6 +934,10 @@ class AuditReport:
         for col in ("test", self.method, "dof", "p-value", "categories", "TV̂", "reject"):
             table.add_column(col, justify="left" if col == "test" else "right")
         for t in self.tests:
+            if not t.testable:
+                table.add_row(t.name, "—", "—", "n/a", f"{t.categories} (+{t.pooled} pooled)",
+                              f"{t.tv:.4f}", "too sparse")
+                continue
             table.add_row(t.name, f"{t.statistic:.2f}", str(t.dof), f"{t.p_value:.3g}",
                           f"{t.categories} (+{t.pooled} pooled)" if t.pooled else str(t.categories),
                           f"{t.tv:.4f}", "[red]yes[/red]" if t.reject else "no")
@@ -934,7 +945,7 @@ class AuditReport:
 
 
 def _homogeneity(a: Sequence[Hashable], b: Sequence[Hashable], name: str,
-                 lambda_: str | None) -> TestResult:
+                 lambda_: str | None) -> HomogeneityResult:
     """Chi-square (or G-) test that samples a and b come from one distribution.
 
     Categories whose smaller expected count is < 5 are pooled into "other"; if
@@ -957,11 +968,11 @@ def _homogeneity(a: Sequence[Hashable], b: Sequence[Hashable], name: str,
         pooled.append(keep.pop())           # the rarest kept category
     columns = [[c] for c in keep] + ([pooled] if pooled else [])
     if len(columns) < 2:
-        return TestResult(name, 0.0, 0, 1.0, len(columns), len(pooled), tv)
+        return HomogeneityResult(name, 0.0, 0, 1.0, len(columns), len(pooled), tv)
     table = np.array([[sum(ca[c] for c in col) for col in columns],
                       [sum(cb[c] for c in col) for col in columns]], dtype=float)
     stat, p, dof, _ = chi2_contingency(table, correction=False, lambda_=lambda_)
-    return TestResult(name, float(stat), int(dof), float(p), len(columns),
+    return HomogeneityResult(name, float(stat), int(dof), float(p), len(columns),
                       len(pooled) if pooled else 0, tv)
 
 
@@ -1066,7 +1077,8 @@ def statistical_audit(sample_reference: Sampler, sample_candidate: Sampler, n_sa
     For each position 1..m (marginal) and for the joint m-token prefix a test of
     homogeneity of the 2 x C contingency table (`scipy.stats.chi2_contingency`,
     Pearson χ² or, with ``method="g"``, the G-test) is run after pooling
-    categories with expected count < 5. N and α are fixed before sampling (and
+    categories with expected count < 5 (a test left with < 2 columns is reported as
+    too sparse, p = 1: raise N or lower m). N and α are fixed before sampling (and
     printed when `progress`); with Bonferroni over the m + 1 tests the verdict is
     "pass" when no p-value is below α / (m + 1), else "FAIL". A pass is not a
     proof: the test only detects differences large enough for N (see `tv_ci`).

@@ -356,7 +356,7 @@ def collect_meta(**settings: Any) -> dict:
     """Command-independent facts about this machine and software, plus `settings`.
 
     Returns:
-        {"date", "machine": {cpu, cores, usable_cores, torch_threads, gpu, platform},
+        {"date", "loadavg_at_start", "machine": {cpu, cores, usable_cores, torch_threads, gpu, platform},
          "versions": {python, torch, transformers, llama-cpp-python, verispec}, **settings}.
     """
     import torch
@@ -370,6 +370,7 @@ def collect_meta(**settings: Any) -> dict:
 
     return {
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "loadavg_at_start": _loadavg(),
         "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable,
                     "torch_threads": torch.get_num_threads(), "gpu": gpu,
                     "platform": platform.platform()},
@@ -560,7 +561,8 @@ def run_bench(questions: Sequence[Question], methods: Sequence[str] | None = Non
         alpha_exact, drafted, accepted, alpha_sum, reached, per_position_acceptance,
         k_hist ({"drafter:k": rounds}), by_drafter, decode/prefill/target/draft
         seconds (verispec methods), finish_reason, identical_to_plain (greedy:
-        token ids equal plain's; else None), token_ids, text, error (None, or
+        token ids equal plain's; else None), token_ids, text, seed, turn (always 1),
+        loadavg (1-minute load average just before the measurement), error (None, or
         "Type: message" when this measurement raised; the run goes on).
 
     Raises:
@@ -676,7 +678,8 @@ def run_bench(questions: Sequence[Question], methods: Sequence[str] | None = Non
             ids = encoded[q.question_id]
             row: dict[str, Any] = {"question_id": q.question_id, "category": q.category,
                                    "groups": list(q.groups), "method": m, "turn": 1,
-                                   "prompt_tokens": len(ids) if isinstance(ids, list) else None}
+                                   "prompt_tokens": len(ids) if isinstance(ids, list) else None,
+                                   "loadavg": _loadavg()}
             try:
                 if not isinstance(ids, list):
                     raise ValueError(ids)
@@ -706,6 +709,14 @@ def run_bench(questions: Sequence[Question], methods: Sequence[str] | None = Non
         if results_file is not None:
             results_file.close()
     return latest_rows(rows)
+
+
+def _loadavg() -> float | None:
+    """1-minute load average (other processes competing for the cores), None if unknown."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # pragma: no cover - not Unix
+        return None
 
 
 def _reset_all(*models) -> None:
@@ -762,7 +773,9 @@ def summarize(rows: Iterable[dict], methods: Sequence[str] | None = None) -> dic
         {"categories": [..., "overall"], "methods": [...], "cells": {method:
         {category: {prompts, tokens, seconds, tokens_per_second, plain_tokens,
         plain_seconds, plain_tokens_per_second, speedup, tau, acceptance_rate,
-        alpha_exact, identical, compared, errors}}}}; figures are None when undefined.
+        alpha_exact, identical, compared, errors}}}, "loadavg": [min, max] over the rows
+        (or None), "errors": [{question_id, category, method, error}]}; figures are None
+        when undefined.
     """
     rows = latest_rows(rows)
     if methods is None:
@@ -809,8 +822,14 @@ def summarize(rows: Iterable[dict], methods: Sequence[str] | None = None) -> dic
                               and (c == OVERALL or c in groups_of.get(r["question_id"], []))),
             }
     return {"categories": [*categories, OVERALL], "methods": list(methods), "cells": cells,
+            "loadavg": _range(r.get("loadavg") for r in rows),
             "errors": [{k: r.get(k) for k in ("question_id", "category", "method", "error")}
                        for r in errors]}
+
+
+def _range(values: Iterable) -> list[float] | None:
+    values = [v for v in values if v is not None]
+    return [min(values), max(values)] if values else None
 
 
 def _fmt(v, spec: str, none: str = "–") -> str:
@@ -848,6 +867,10 @@ def render_markdown(summary: dict, meta: dict | None = None) -> str:
         out.append(f"- machine: {machine.get('cpu')}, {machine.get('cores')} cores "
                    f"({machine.get('usable_cores')} usable), torch threads {machine.get('torch_threads')}"
                    + (f", GPU {machine['gpu']}" if machine.get("gpu") else ", no GPU"))
+    if summary.get("loadavg"):
+        lo, hi = summary["loadavg"]
+        out.append(f"- 1-min load average before each measurement: {lo:.2f} to {hi:.2f} "
+                   f"(above the core count means other processes competed for the CPU)")
     if versions:
         out.append("- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
     if meta.get("backend"):
