@@ -29,7 +29,7 @@ test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 
 bench-quick: setup
-	$(BIN)/verispec bench --quick --out benchmarks/quick
+	$(BIN)/verispec bench --quick --force --out benchmarks/quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info

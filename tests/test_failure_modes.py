@@ -82,6 +82,7 @@ class ArgmaxDrafter:
     name = "argmax"
     forwards = 0
     seconds = 0.0
+    catchup_seconds = 0.0
 
     def __init__(self, model, honest):
         self.model, self.honest = model, honest

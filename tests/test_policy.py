@@ -14,6 +14,7 @@ class FakeDrafter:
     name = "model"
     forwards = 0
     seconds = 0.0
+    catchup_seconds = 0.0
 
 
 def record(k, accepted, alpha, t_target, t_draft_per_token, drafter="model"):

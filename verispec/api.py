@@ -138,6 +138,8 @@ class SpeculativeDecoder:
             raise ValueError("drafter='model' needs a draft model: pass draft=...")
         self.drafter = drafter
         self.tokenizer = self.target.tokenizer
+        self.drafters = self._drafters()
+        self._auto_policy = None   # kept across calls: the cost curve is the machine's, not the prompt's
 
     def encode(self, prompt: str | Sequence[int], use_chat_template: bool | None = None) -> list[int]:
         """Prompt text (or ids) -> token ids, applying the chat template by default.
@@ -174,7 +176,8 @@ class SpeculativeDecoder:
                  k: int | str = "auto", seed: int | None = None,
                  stop_strings: Sequence[str] | None = None,
                  use_chat_template: bool | None = None,
-                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
+                 on_text: Callable[[str], None] | None = None,
+                 observer: Callable | None = None) -> GenerationResult:
         """Generate a continuation, exactly distributed as the target's own sampling.
 
         Args:
@@ -187,6 +190,7 @@ class SpeculativeDecoder:
             stop_strings: generation ends after the token completing any of them.
             use_chat_template: None = apply when the tokenizer has one.
             on_text: called with each newly decoded piece of text (streaming).
+            observer: called with each round's `verispec.decoding.RoundRecord`.
 
         Returns:
             GenerationResult(text, token_ids, prompt_ids, stats).
@@ -205,12 +209,17 @@ class SpeculativeDecoder:
         if len(ids) >= self.target.context_length:
             raise ValueError(f"prompt has {len(ids)} tokens but the target's context length is "
                              f"{self.target.context_length}; shorten the prompt")
-        policy = make_policy(k, self._drafters())
+        if k == "auto":
+            if self._auto_policy is None:
+                self._auto_policy = make_policy("auto", self.drafters)
+            policy = self._auto_policy
+        else:
+            policy = make_policy(k, self.drafters)
         stream = _TextStream(self.tokenizer, on_text) if on_text and self.tokenizer else None
         result: DecodeResult = decode(
             self.target, ids, policy, sampling=sampling, max_new_tokens=max_new_tokens,
             rng=TorchRandomness(seed), stop=self._stopper(stop_strings),
-            on_commit=stream.put if stream else None)
+            on_commit=stream.put if stream else None, observer=observer)
         if stream:
             stream.end()
         text = self.tokenizer.decode(result.tokens, skip_special_tokens=True) if self.tokenizer else ""

@@ -33,11 +33,15 @@ class Drafter(Protocol):
         name: label in statistics ("model", "lookup", ...).
         forwards: draft-model forwards run so far (0 for model-free drafters).
         seconds: wall seconds spent drafting so far.
+        catchup_seconds: the part of `seconds` spent feeding the draft context
+            it missed (the prompt, tokens of plain rounds): a one-off cost, not
+            a per-draft-token one.
     """
 
     name: str
     forwards: int
     seconds: float
+    catchup_seconds: float
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 rng: Randomness) -> tuple[list[int], torch.Tensor]: ...
@@ -57,7 +61,7 @@ class RoundRecord:
         alphas: [k] float, exact Σ min(p_i, q_i) at each draft position.
         px, qx: [k] float, p_i(x_i) and q_i(x_i) for the drafted tokens.
         target_seconds: wall time of the verification forward (k+1 tokens).
-        draft_seconds: wall time spent drafting this round.
+        draft_seconds: wall time spent drafting this round, catch-up excluded.
     """
 
     drafter: str
@@ -138,7 +142,6 @@ class Stats:
         self.drafted += r.k
         self.accepted += r.accepted
         self.target_seconds += r.target_seconds
-        self.draft_seconds += r.draft_seconds
         verified = min(r.accepted + 1, r.k)
         while len(self.reached) < r.k:
             self.reached.append(0)
@@ -228,10 +231,11 @@ def decode(
         k = max(0, min(k, max_new_tokens - len(out) - 1, room - 1)) if drafter is not None else 0
         x, q, t_draft = [], None, 0.0
         if k > 0:
-            forwards, seconds = drafter.forwards, drafter.seconds
+            forwards, seconds, catchup = drafter.forwards, drafter.seconds, drafter.catchup_seconds
             x, q = drafter.propose(seq, k, sampling, rng)
             stats.draft_forwards += drafter.forwards - forwards
-            t_draft = drafter.seconds - seconds
+            stats.draft_seconds += drafter.seconds - seconds
+            t_draft = drafter.seconds - seconds - (drafter.catchup_seconds - catchup)
         k = len(x)
         if k:
             if q.shape[-1] < vocab:   # draft vocabulary is a prefix of the target's

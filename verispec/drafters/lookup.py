@@ -35,6 +35,7 @@ class LookupDrafter:
 
     name = "lookup"
     forwards = 0
+    catchup_seconds = 0.0
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:

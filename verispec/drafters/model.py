@@ -25,6 +25,7 @@ class ModelDrafter:
 
     def __init__(self, model: CausalLM) -> None:
         self.model = model
+        self.catchup_seconds = 0.0   # feeding context the draft missed (prompt, plain rounds)
 
     @property
     def forwards(self) -> int:
@@ -55,6 +56,11 @@ class ModelDrafter:
         if k <= 0 or max(new) >= self.model.vocab_size:
             # a target-only id (beyond a prefix vocabulary) cannot be fed to the draft
             return [], torch.empty(0, self.model.vocab_size)
+        if len(new) > 2:   # catch up on the prompt / plain rounds: not a per-draft-token cost
+            start = self.model.forward_seconds
+            self.model.forward(new[:-1], keep=1)
+            self.catchup_seconds += self.model.forward_seconds - start
+            new = new[-1:]
         logits = self.model.forward(new, keep=1)[-1]
         xs, qs = [], []
         for i in range(k):
