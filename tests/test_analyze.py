@@ -176,6 +176,26 @@ def test_time_forward_drops_warmup_and_rolls_back_after_each_run():
         an.time_forward(model, [4], repeats=0, clock=clock)
 
 
+def test_time_forwards_interleaves_rounds_over_batches():
+    clock = FakeClock()
+    model = FakeModel(clock, per_token=1.0, base=0.0)
+    model.forward([1])
+    model.calls.clear()
+    samples = an.time_forwards(model, [[2], [2, 3], [2, 3, 4]], repeats=2, warmup=1, clock=clock)
+    assert [n for _, n in model.calls] == [1, 2, 3] * 3      # round by round, not n by n
+    assert samples == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert model.tokens == [1]
+
+
+def test_timing_noise_warning():
+    quiet = {"target_samples": [[1.0, 1.1], [1.2, 1.3]], "draft_samples": [0.5, 0.5], "target_times": [1.05, 1.25]}
+    assert an.timing_noise(quiet) is None
+    spiky = {**quiet, "target_samples": [[1.0, 3.0], [1.2, 1.3]]}
+    assert "T_t(1) spread 3.0x" in an.timing_noise(spiky)
+    falling = {**quiet, "target_times": [2.0, 1.0]}
+    assert "falls at n = 2" in an.timing_noise(falling)
+
+
 def test_measure_cost_curve_medians_prefix_and_draft():
     clock = FakeClock()
     target = FakeModel(clock, per_token=0.01, base=0.1, name="t")
@@ -198,6 +218,8 @@ def test_measure_cost_curve_medians_prefix_and_draft():
     assert [len(s) for s in m.target_samples] == [5, 5, 5, 5]
     assert m.curve.target_times == pytest.approx([0.1 + 0.01 * n for n in range(1, 5)])
     assert m.curve.draft_time == pytest.approx(0.021)
+    assert m.draft_time_2 == pytest.approx(0.022) and len(m.draft_samples_2) == 5
+    assert len(draft.calls) == 1 + 7 * 2 and draft.calls[1:3] == [(20, 1), (20, 2)]   # interleaved
     assert m.curve.constant_c() == pytest.approx(0.021 / 0.11)
     assert max(max(s) for s in m.target_samples) > 10      # the spikes were measured, not used
     # forwards: 1 prefill + (2 + 5) per n
@@ -234,6 +256,16 @@ def test_predict_speedup_matches_theory():
     assert table["curve"][0] == table["constant"][0] == 1.0
     assert (table["k_star_constant"], table["S_star_constant"]) == theory.optimal_k_constant(0.8, 0.2, 3)
     assert table["curve_at_k_star_constant"] == table["curve"][table["k_star_constant"]]
+    assert "refeed" not in table
+    # T_d(2) == T_d: the re-feed costs nothing extra, curve+ is the curve
+    same = an.speedup_table(0.8, alphas, curve, 3, draft_time_2=0.02)
+    assert same["refeed"] == pytest.approx(same["curve"]) and same["k_star_refeed"] == same["k_star_curve"]
+    # T_d(2) = 0.05: k drafts cost (k-1)·T_d + Πα·T_d(2) + (1-Πα)·T_d
+    more = an.speedup_table(0.8, alphas, curve, 3, draft_time_2=0.05)
+    pa = 0.8 * 0.7
+    e = theory.expected_tokens_positional(alphas[:2])
+    assert more["refeed"][2] == pytest.approx(e * 0.10 / (0.02 + pa * 0.05 + (1 - pa) * 0.02 + 0.13))
+    assert more["refeed"][0] == 1.0 and all(r < c for r, c in zip(more["refeed"][1:], more["curve"][1:]))
 
 
 # --------------------------------------------------------------------------- prompt files
@@ -331,6 +363,9 @@ def test_run_analysis_end_to_end_writes_json_and_plots(tmp_path):
     pred = an.predict_from_analysis(analysis, "qa", k=2)
     assert pred["speedup"] == pytest.approx(analysis["categories"]["qa"]["speedup"]["curve"][2])
     assert an.predict_from_analysis(analysis, model="constant")["k"] == sp["k_star_constant"]
+    assert an.predict_from_analysis(analysis, model="curve+")["k"] == sp["k_star_refeed"]
+    assert an.predict_from_analysis(analysis, "qa", k=1, model="curve+")["speedup"] == pytest.approx(
+        analysis["categories"]["qa"]["speedup"]["refeed"][1])
     paths = an.write_outputs(analysis, tmp_path / "out")
     for p in paths.values():
         assert p.stat().st_size > 0
@@ -342,3 +377,20 @@ def test_run_analysis_end_to_end_writes_json_and_plots(tmp_path):
         an.run_analysis(target, prompts, lambda t: [int(t)], config, drafter_kind="model", draft=None)
     with pytest.raises(ValueError, match="drafter"):
         an.run_analysis(target, prompts, lambda t: [int(t)], config, drafter_kind="eagle", draft=draft)
+
+
+def test_cli_analyze_reports_prompt_file_errors_before_loading_models(tmp_path):
+    from typer.testing import CliRunner
+
+    from verispec.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["analyze", "--prompts", str(tmp_path / "missing.jsonl")])
+    assert res.exit_code == 2 and "missing.jsonl" in res.output
+    bad = write(tmp_path, "bad.jsonl", '{"category": "qa", "turns": ["hi"]}\n{nope\n')
+    res = runner.invoke(app, ["analyze", "--prompts", str(bad)])
+    assert res.exit_code == 2 and "line 2" in res.output
+    res = runner.invoke(app, ["analyze", "--prompts", str(bad), "--drafter", "eagle"])
+    assert res.exit_code == 2 and "--drafter" in res.output
+    res = runner.invoke(app, ["analyze", "--k-max", "0"])
+    assert res.exit_code == 2 and "--k-max" in res.output

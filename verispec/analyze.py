@@ -30,7 +30,9 @@ Three measurements, each reusing the shipped model protocol and drafters:
    and T_d (one draft forward; for prompt lookup the matching time per round).
 
 The predictions are S(k) = E·T_t(1) / (k·T_d + T_t(k+1)) (cost curve, per-position
-α) next to Leviathan et al.'s S(k) = E(α, k) / (k·c + 1) with c = T_d / T_t(1).
+α) next to Leviathan et al.'s S(k) = E(α, k) / (k·c + 1) with c = T_d / T_t(1), and,
+for a draft model, "curve+" (`speedup_refeed`): the curve plus the 2-token draft
+forward `ModelDrafter` runs after a fully accepted round (it never feeds x_k).
 """
 
 from __future__ import annotations
@@ -65,9 +67,9 @@ __all__ = [
     "Prompt", "PromptFileError", "default_prompts_path", "load_prompts",
     "PointRecord", "TrajectoryAlpha", "measure_trajectory_alpha", "default_stride",
     "AlphaSummary", "summarize_points",
-    "CostMeasurement", "time_forward", "measure_cost_curve",
-    "predict_speedup", "optimal_k", "speedup_table", "predict_from_analysis", "load_analysis",
-    "AnalyzeConfig", "run_analysis", "write_outputs", "render_tables", "closing_notes",
+    "CostMeasurement", "time_forward", "time_forwards", "measure_cost_curve",
+    "predict_speedup", "optimal_k", "speedup_table", "speedup_refeed", "predict_from_analysis", "load_analysis",
+    "AnalyzeConfig", "run_analysis", "write_outputs", "render_tables", "closing_notes", "timing_noise",
 ]
 
 ENV_VAR = "VERISPEC_SPEC_BENCH"
@@ -444,34 +446,47 @@ def _fill(model: CausalLM, prefix: Sequence[int]) -> None:
         model.forward(rest, keep=1)
 
 
-def time_forward(model: CausalLM, tokens: Sequence[int], *, keep: int | None = None,
-                 repeats: int = 5, warmup: int = 1, clock: Clock = time.perf_counter) -> list[float]:
-    """Seconds of `model.forward(tokens)` on the current cache, rolled back after each run.
+def time_forwards(model: CausalLM, batches: Sequence[Sequence[int]], *, keep_all: bool = True,
+                  repeats: int = 5, warmup: int = 1, clock: Clock = time.perf_counter) -> list[list[float]]:
+    """Seconds of `model.forward(batch)` for each batch, on the current cache.
+
+    The repeats are interleaved (round r times every batch once, then round
+    r + 1), so a burst of load from other processes hits every batch alike
+    instead of skewing one point of the curve. The cache is rolled back with
+    `truncate` after every forward.
 
     Args:
         model: a model whose cache holds the context to time against.
-        tokens: the new tokens of one forward (n = len(tokens)).
-        keep: rows of logits kept (None = all, as a verification forward).
-        repeats: timed runs (>= 1).
-        warmup: untimed runs first (>= 0).
+        batches: the new tokens of each forward (batch j has n_j tokens).
+        keep_all: keep all n rows of logits (a verification forward) or only the last.
+        repeats: timed rounds (>= 1).
+        warmup: untimed rounds first (>= 0).
         clock: seconds, monotonic (injectable for tests).
 
     Returns:
-        `repeats` durations in seconds; the cache is back at its starting length.
+        [len(batches)] lists of `repeats` durations in seconds; the cache is
+        back at its starting length.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
     base = len(model.tokens)
-    tokens = list(tokens)
-    samples = []
+    batches = [list(b) for b in batches]
+    samples: list[list[float]] = [[] for _ in batches]
     for i in range(warmup + repeats):
-        start = clock()
-        model.forward(tokens, keep=keep)
-        elapsed = clock() - start
-        model.truncate(base)
-        if i >= warmup:
-            samples.append(elapsed)
+        for j, tokens in enumerate(batches):
+            start = clock()
+            model.forward(tokens, keep=len(tokens) if keep_all else 1)
+            elapsed = clock() - start
+            model.truncate(base)
+            if i >= warmup:
+                samples[j].append(elapsed)
     return samples
+
+
+def time_forward(model: CausalLM, tokens: Sequence[int], *, keep_all: bool = True, repeats: int = 5,
+                 warmup: int = 1, clock: Clock = time.perf_counter) -> list[float]:
+    """`time_forwards` for one batch: `repeats` durations in seconds."""
+    return time_forwards(model, [tokens], keep_all=keep_all, repeats=repeats, warmup=warmup, clock=clock)[0]
 
 
 def _cycle(tokens: Sequence[int], n: int) -> list[int]:
@@ -488,6 +503,8 @@ class CostMeasurement:
         curve: medians: T_t(n) for n = 1..K+1 and T_d.
         target_samples: [K+1] lists of seconds, one list per n.
         draft_samples: seconds per draft token (model) or per lookup round.
+        draft_samples_2: seconds of a 2-token draft forward (model only, else None):
+            after a fully accepted round `ModelDrafter` feeds x_k and the bonus token.
         draft_kind: "model", "lookup" or "none".
         prefix_tokens: context length the forwards were timed after.
         repeats, warmup: timed and untimed runs per point.
@@ -500,11 +517,19 @@ class CostMeasurement:
     prefix_tokens: int
     repeats: int
     warmup: int
+    draft_samples_2: list[float] | None = None
+
+    @property
+    def draft_time_2(self) -> float | None:
+        """T_d(2): median seconds of a 2-token draft forward (None unless a draft model)."""
+        return statistics.median(self.draft_samples_2) if self.draft_samples_2 else None
 
     def as_dict(self) -> dict:
         return {"target_times": list(self.curve.target_times), "draft_time": self.curve.draft_time,
+                "draft_time_2": self.draft_time_2,
                 "c": self.curve.constant_c(), "target_samples": self.target_samples,
-                "draft_samples": self.draft_samples, "draft_kind": self.draft_kind,
+                "draft_samples": self.draft_samples, "draft_samples_2": self.draft_samples_2,
+                "draft_kind": self.draft_kind,
                 "prefix_tokens": self.prefix_tokens, "repeats": self.repeats, "warmup": self.warmup}
 
 
@@ -524,8 +549,10 @@ def measure_cost_curve(
 
     The target's cache is filled with `prefix_tokens` tokens of `context_tokens`
     (cycled if shorter); then a forward over the next n tokens is timed
-    `repeats` times after `warmup` runs, rolled back with `truncate` after each.
-    T_d is one single-token draft forward on the same prefix (draft model), or
+    `repeats` times after `warmup` runs (rounds interleaved over n, see
+    `time_forwards`), rolled back with `truncate` after each; the median is used.
+    T_d is one single-token draft forward on the same prefix (draft model; a
+    2-token forward, T_d(2), is timed alongside), or
     one `LookupDrafter.propose` after the index holds the prefix (lookup,
     one new token per round); 0 when neither is given.
 
@@ -538,13 +565,15 @@ def measure_cost_curve(
     seq = _cycle(context_tokens, prefix_tokens + k_max + 1 + warmup + repeats)
     prefix, new = seq[:prefix_tokens], seq[prefix_tokens:]
     _fill(target, prefix)
-    target_samples = [time_forward(target, new[:n], keep=n, repeats=repeats, warmup=warmup, clock=clock)
-                      for n in range(1, k_max + 2)]
+    target_samples = time_forwards(target, [new[:n] for n in range(1, k_max + 2)], repeats=repeats,
+                                   warmup=warmup, clock=clock)
     draft_samples: list[float]
+    draft_samples_2 = None
     if draft is not None:
         kind = "model"
         _fill(draft, prefix)
-        draft_samples = time_forward(draft, new[:1], keep=1, repeats=repeats, warmup=warmup, clock=clock)
+        draft_samples, draft_samples_2 = time_forwards(draft, [new[:1], new[:2]], keep_all=False,
+                                                       repeats=repeats, warmup=warmup, clock=clock)
     elif lookup:
         from .drafters.lookup import LookupDrafter
 
@@ -562,7 +591,8 @@ def measure_cost_curve(
     else:
         kind, draft_samples = "none", [0.0]
     curve = CostCurve.from_measurements(target_samples, draft_samples)
-    return CostMeasurement(curve, target_samples, draft_samples, kind, prefix_tokens, repeats, warmup)
+    return CostMeasurement(curve, target_samples, draft_samples, kind, prefix_tokens, repeats, warmup,
+                           draft_samples_2)
 
 
 # --------------------------------------------------------------------------- predictions
@@ -598,15 +628,36 @@ def optimal_k(alpha_per_position: Sequence[float], cost_curve: CostCurve,
     return cost_curve.optimal_k(alphas, len(alphas) if k_max is None else k_max)
 
 
+def speedup_refeed(alpha_per_position: Sequence[float], k: int, cost_curve: CostCurve,
+                   draft_time_2: float) -> float:
+    """Cost-curve speedup that also charges `ModelDrafter`'s 2-token re-feed.
+
+    The draft model never feeds its last draft x_k; after a fully accepted round
+    (probability Π_{i<=k} α_i) the next round's first draft forward scores x_k and
+    the bonus token, T_d(2) instead of T_d. Per round:
+
+        draft seconds = (k − 1)·T_d + Π α_i · T_d(2) + (1 − Π α_i)·T_d
+        S(k)          = E(α_1..α_k)·T_t(1) / (draft seconds + T_t(k+1)),   S(0) = 1.
+    """
+    if k == 0:
+        return 1.0
+    alphas = [0.0 if a is None else float(a) for a in alpha_per_position][:k]
+    all_accepted = float(np.prod(alphas))
+    t_d = cost_curve.draft_time
+    draft = (k - 1) * t_d + all_accepted * draft_time_2 + (1.0 - all_accepted) * t_d
+    return expected_tokens_positional(alphas) * cost_curve.target(1) / (draft + cost_curve.target(k + 1))
+
+
 def speedup_table(alpha: float, alpha_per_position: Sequence[float | None], cost_curve: CostCurve,
-                  k_max: int) -> dict:
+                  k_max: int, draft_time_2: float | None = None) -> dict:
     """Predicted S(k), k = 0..k_max, under both models, and each model's k*.
 
     Returns:
         {"constant": [S], "curve": [S], "c": c, "k_star_constant", "S_star_constant",
          "k_star_curve", "S_star_curve", "curve_at_k_star_constant"}: the constant-c
         column uses the scalar α and c = T_d / T_t(1); the curve column the
-        per-position α and measured T_t(n).
+        per-position α and measured T_t(n). With `draft_time_2` (T_d(2)) also
+        "refeed", "k_star_refeed", "S_star_refeed" (`speedup_refeed`).
     """
     a = min(max(float(alpha), 0.0), 1.0)
     alphas = [0.0 if x is None else min(max(float(x), 0.0), 1.0) for x in alpha_per_position][:k_max]
@@ -615,8 +666,16 @@ def speedup_table(alpha: float, alpha_per_position: Sequence[float | None], cost
     curve = [cost_curve.speedup(alphas, k) for k in range(k_max + 1)]
     kc, sc = optimal_k_constant(a, c, k_max)
     kv, sv = cost_curve.optimal_k(alphas, k_max)
-    return {"constant": constant, "curve": curve, "c": c, "k_star_constant": kc, "S_star_constant": sc,
-            "k_star_curve": kv, "S_star_curve": sv, "curve_at_k_star_constant": curve[kc]}
+    out = {"constant": constant, "curve": curve, "c": c, "k_star_constant": kc, "S_star_constant": sc,
+           "k_star_curve": kv, "S_star_curve": sv, "curve_at_k_star_constant": curve[kc]}
+    if draft_time_2 is not None:
+        refeed = [speedup_refeed(alphas, k, cost_curve, draft_time_2) for k in range(k_max + 1)]
+        kr = 0
+        for k in range(1, k_max + 1):   # ties go to the smaller k, as in theory.optimal_k_*
+            if refeed[k] > refeed[kr] * (1 + 1e-12):
+                kr = k
+        out.update(refeed=refeed, k_star_refeed=kr, S_star_refeed=refeed[kr])
+    return out
 
 
 def load_analysis(path: str | os.PathLike) -> dict:
@@ -635,7 +694,8 @@ def predict_from_analysis(analysis: dict, category: str = "overall", k: int | st
         analysis: `run_analysis` output (or `load_analysis`).
         category: a category name or "overall".
         k: draft length, or "auto" for k* (the adaptive policy's target).
-        model: "curve" (measured T_t(n), per-position α) or "constant" (c = T_d/T_t(1), scalar α).
+        model: "curve" (measured T_t(n), per-position α), "constant" (c = T_d/T_t(1),
+            scalar α) or "curve+" (curve plus the draft's 2-token re-feed; needs T_d(2)).
 
     Returns:
         {"k": k, "speedup": S}.
@@ -659,7 +719,14 @@ def predict_from_analysis(analysis: dict, category: str = "overall", k: int | st
             kk, s = optimal_k_constant(alpha, c, k_max)
             return {"k": kk, "speedup": s}
         return {"k": k, "speedup": speedup_constant_cost(alpha, k, c)}
-    raise ValueError(f"model must be 'curve' or 'constant', got {model!r}")
+    if model == "curve+":
+        t_d2 = cm.get("draft_time_2")
+        if t_d2 is None:
+            raise ValueError("model 'curve+' needs the draft's T_d(2) (a draft-model analysis)")
+        table = speedup_table(alpha, summary["alphas"], curve, k_max, t_d2)
+        kk = table["k_star_refeed"] if k == "auto" else k
+        return {"k": kk, "speedup": table["refeed"][kk]}
+    raise ValueError(f"model must be 'curve', 'constant' or 'curve+', got {model!r}")
 
 
 # --------------------------------------------------------------------------- the whole analysis
@@ -787,7 +854,8 @@ def run_analysis(
         out = _summary_dict(s)
         out["n_prompts"] = len(prompt_alphas)
         out["prompt_alphas"] = prompt_alphas
-        out["speedup"] = speedup_table(s.alpha or 0.0, s.alphas, cost.curve, K) if s.n_points else None
+        out["speedup"] = (speedup_table(s.alpha or 0.0, s.alphas, cost.curve, K, cost.draft_time_2)
+                          if s.n_points else None)
         return out
 
     categories = {}
@@ -833,6 +901,29 @@ def _fmt(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def timing_noise(cost_curve: dict, spread: float = 1.5) -> str | None:
+    """A warning when the cost-curve samples look disturbed, else None.
+
+    Flags a point whose slowest sample exceeds `spread` x its fastest, and a
+    curve that is not non-decreasing in n (a longer forward measured cheaper
+    by more than 10%): both mean other work shared the machine.
+    """
+    problems = []
+    series = [(f"T_t({n})", s) for n, s in enumerate(cost_curve["target_samples"], start=1)]
+    series.append(("T_d", cost_curve["draft_samples"]))
+    worst = max(((max(s) / min(s), name) for name, s in series if s and min(s) > 0), default=None)
+    if worst and worst[0] > spread:
+        problems.append(f"samples of {worst[1]} spread {worst[0]:.1f}x")
+    tt = cost_curve["target_times"]
+    drops = [n for n in range(1, len(tt)) if tt[n] < 0.9 * tt[n - 1]]
+    if drops:
+        problems.append("T_t(n) falls at n = " + ", ".join(str(n + 1) for n in drops))
+    if not problems:
+        return None
+    return ("timings look noisy (" + "; ".join(problems) + "): other work probably shared the CPU/GPU; "
+            "rerun on an idle machine or with more --repeats")
+
+
 def closing_notes(analysis: dict) -> list[str]:
     """One line per category: how far the constant-c model is from the cost curve."""
     notes = []
@@ -852,10 +943,16 @@ def closing_notes(analysis: dict) -> list[str]:
             line += f" (constant-c off by {sp['S_star_constant'] / actual - 1:+.0%})"
         line += (f"; both pick k* = {kv}" if kc == kv else
                  f"; the curve's best is k* = {kv} at {sp['S_star_curve']:.2f}x")
+        if "refeed" in sp:
+            line += (f"; with the draft's 2-token re-feed (curve+) k = {kc} gives {sp['refeed'][kc]:.2f}x, "
+                     f"best k* = {sp['k_star_refeed']} at {sp['S_star_refeed']:.2f}x")
         notes.append(line)
     if len(tt) > 1:
         notes.append(f"T_t(K+1)/T_t(1) = {tt[-1] / tt[0]:.2f} for K = {K}: the constant-c model "
                      "assumes 1.00 (verifying k+1 tokens as cheap as one)")
+    noise = timing_noise(analysis["cost_curve"])
+    if noise:
+        notes.append(noise)
     measured = analysis.get("measured") or {}
     for cat, m in measured.items():
         pts = ", ".join(f"k={r['k']}: {_fmt(r['speedup'])}x" for r in m["points"] if r["k"])
@@ -885,12 +982,24 @@ def render_tables(analysis: dict) -> list:
     tc.add_column("n")
     tc.add_column("T_t(n) ms", justify="right")
     tc.add_column("T_t(n)/T_t(1)", justify="right")
-    for n, t in enumerate(cm["target_times"], start=1):
-        tc.add_row(str(n), f"{t * 1e3:.2f}", f"{t / t1:.2f}")
+    tc.add_column("min - max ms", justify="right")
+    for n, (t, samples) in enumerate(zip(cm["target_times"], cm["target_samples"]), start=1):
+        tc.add_row(str(n), f"{t * 1e3:.2f}", f"{t / t1:.2f}",
+                   f"{min(samples) * 1e3:.1f} - {max(samples) * 1e3:.1f}")
     label = {"model": "T_d (draft token)", "lookup": "T_d (lookup round)", "none": "T_d"}[cm["draft_kind"]]
-    tc.add_row(label, f"{cm['draft_time'] * 1e3:.3f}", f"c = {cm['c']:.3f}")
+    ds = cm["draft_samples"]
+    tc.add_row(label, f"{cm['draft_time'] * 1e3:.3f}", f"c = {cm['c']:.3f}",
+               f"{min(ds) * 1e3:.3f} - {max(ds) * 1e3:.3f}")
+    if cm.get("draft_time_2") is not None:
+        d2 = cm["draft_samples_2"]
+        tc.add_row("T_d(2) (2-token draft)", f"{cm['draft_time_2'] * 1e3:.3f}",
+                   f"{cm['draft_time_2'] / cm['draft_time']:.2f} T_d" if cm["draft_time"] else "-",
+                   f"{min(d2) * 1e3:.3f} - {max(d2) * 1e3:.3f}")
 
-    ts = Table(title="predicted speedup vs k (constant: E(α,k)/(k·c+1); curve: E·T_t(1)/(k·T_d+T_t(k+1)))")
+    title = "predicted speedup vs k (constant: E(α,k)/(k·c+1); curve: E·T_t(1)/(k·T_d+T_t(k+1))"
+    if cm.get("draft_time_2") is not None:
+        title += "; curve+: also the draft's 2-token re-feed after a fully accepted round"
+    ts = Table(title=title + ")")
     ts.add_column("category")
     ts.add_column("model")
     for k in range(K + 1):
@@ -904,7 +1013,10 @@ def render_tables(analysis: dict) -> list:
         ts.add_row(name, "constant", *[f"{s:.2f}" for s in sp["constant"]],
                    str(sp["k_star_constant"]), f"{sp['S_star_constant']:.2f}")
         ts.add_row("", "curve", *[f"{s:.2f}" for s in sp["curve"]],
-                   str(sp["k_star_curve"]), f"{sp['S_star_curve']:.2f}", end_section=True)
+                   str(sp["k_star_curve"]), f"{sp['S_star_curve']:.2f}", end_section="refeed" not in sp)
+        if "refeed" in sp:
+            ts.add_row("", "curve+", *[f"{s:.2f}" for s in sp["refeed"]],
+                       str(sp["k_star_refeed"]), f"{sp['S_star_refeed']:.2f}", end_section=True)
     measured = analysis.get("measured") or {}
     for cat, m in measured.items():
         by_k = {r["k"]: r["speedup"] for r in m["points"]}
@@ -971,6 +1083,8 @@ def _plot_speedup(analysis: dict, path: Path) -> None:
         lw = 2.5 if c == "overall" else 1.5
         ax.plot(ks, sp["curve"], color=color, linewidth=lw, marker="o", label=f"{c} (cost curve)")
         ax.plot(ks, sp["constant"], color=color, linewidth=1, linestyle="--", alpha=0.8)
+        if "refeed" in sp:
+            ax.plot(ks, sp["refeed"], color=color, linewidth=1, linestyle=":", alpha=0.9)
         ax.scatter([sp["k_star_curve"]], [sp["S_star_curve"]], color=color, marker="*", s=140, zorder=4)
         if c in measured:
             pts = [(r["k"], r["speedup"]) for r in measured[c]["points"] if r["speedup"] is not None]
@@ -978,6 +1092,8 @@ def _plot_speedup(analysis: dict, path: Path) -> None:
                        edgecolors="black", zorder=5)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.plot([], [], color="grey", linestyle="--", label="constant c (Leviathan Thm 3.8)")
+    if any("refeed" in (b.get("speedup") or {}) for b in [analysis["overall"], *analysis["categories"].values()]):
+        ax.plot([], [], color="grey", linestyle=":", label="curve + draft 2-token re-feed")
     ax.scatter([], [], color="grey", marker="*", s=140, label="k* (cost curve)")
     if measured:
         ax.scatter([], [], color="grey", marker="s", edgecolors="black", label="measured")

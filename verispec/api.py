@@ -213,6 +213,8 @@ class SpeculativeDecoder:
             if self._auto_policy is None:
                 self._auto_policy = make_policy("auto", self.drafters)
             policy = self._auto_policy
+            if not policy.calibrated and self.drafters and max_new_tokens > 1:
+                policy.calibrate(self.target, ids)   # once per decoder: this machine's cost curve
         else:
             policy = make_policy(k, self.drafters)
         stream = _TextStream(self.tokenizer, on_text) if on_text and self.tokenizer else None

@@ -143,7 +143,8 @@ def generate(
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, stop_strings=stop, use_chat_template=False if no_chat_template else None)
     try:
-        decoder.generate(prompt, **{**kwargs, "max_new_tokens": min(2, max_new_tokens), "k": 1})  # warm-up
+        # warm-up (with k=auto it also times this machine's target cost curve once)
+        decoder.generate(prompt, **{**kwargs, "max_new_tokens": min(2, max_new_tokens), "k": k_value})
         on_text = None if as_json else (lambda t: (sys.stdout.write(t), sys.stdout.flush()))
         result = decoder.generate(prompt, k=k_value, on_text=on_text, **kwargs)
         plain = decoder.generate(prompt, k=0, **kwargs) if compare else None

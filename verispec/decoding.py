@@ -242,8 +242,12 @@ def decode(
                 q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
 
         t_target = target.forward_seconds
-        p = warp(target.sync(seq + x, keep=k + 1), sampling)
+        logits = target.sync(seq + x, keep=k + 1)
         t_target = target.forward_seconds - t_target
+        if logits.shape[0] != k + 1:
+            raise RuntimeError(f"{target.name}: verification returned {logits.shape[0]} rows for "
+                               f"k + 1 = {k + 1} positions; its cache is out of step")
+        p = warp(logits, sampling)
         xt = torch.tensor(x, dtype=torch.long)
         u = rng.uniform(k)
         n, dist = verify(p, q, xt, u) if k else (0, p[0])

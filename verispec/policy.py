@@ -68,9 +68,10 @@ class AdaptivePolicy:
         (lower variance than counting accepts), shrunk towards α_d,i-1 (and
         α_d,1 towards `alpha_prior`) with the weight of `prior_weight`
         observations, so rarely reached positions borrow from shallower ones;
-      * T_t(n): mean verification-forward time for n = k+1 new tokens; unmeasured
-        n are interpolated linearly between measured ones (extrapolated with the
-        slope of the last two, or a prior slope of 10% of T_t(1) per token);
+      * T_t(n): mean verification-forward time for n = k+1 new tokens, each n
+        measured on its own (unmeasured n get an optimistic guess, so they are
+        tried once); T_t(1) comes from plain rounds: the first round is plain,
+        and one in `refresh_every` rounds is plain to follow the growing context;
       * T_d: drafting seconds per drafted token.
     The best (d, k) is used if its S > 1 + margin; otherwise the round is plain
     (k = 0). After `probe_every` plain rounds in a row it probes the best drafter
@@ -90,7 +91,7 @@ class AdaptivePolicy:
 
     def __init__(self, drafters: dict[str, Drafter], *, k_max: int = 8, decay: float = 0.9,
                  alpha_prior: float = 0.6, prior_weight: float = 2.0, margin: float = 0.03,
-                 probe_every: int = 8) -> None:
+                 probe_every: int = 8, explore_slope: float = 0.1, refresh_every: int = 64) -> None:
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
             raise ValueError(f"k_max must be an integer >= 1, got {k_max!r}")
         if not 0 < decay < 1:
@@ -98,33 +99,78 @@ class AdaptivePolicy:
         self.drafters = dict(drafters)
         self.k_max, self.decay, self.margin = k_max, decay, margin
         self.alpha_prior, self.prior_weight = alpha_prior, prior_weight
+        # an n-gram match is a weaker promise than a draft model's guess
+        self.alpha_priors = {"lookup": 0.4}
         self.alpha = {name: [_Decayed() for _ in range(k_max)] for name in self.drafters}
         self.draft_cost = {name: _Decayed() for name in self.drafters}
         self.target_cost: dict[int, _Decayed] = {}
         self.probe_every = self.probe_interval = probe_every
+        self.explore_slope, self.refresh_every = explore_slope, refresh_every
         self.plain_streak = 0
+        self.rounds_since_plain = 0
+        self.calibrated = False
         self.last_prediction: float = 1.0
 
     # -- estimates -----------------------------------------------------------
     def target_time(self, n: int) -> float | None:
-        """Estimated seconds of a target forward over n new tokens (None before any data)."""
-        measured = sorted((m, c.mean) for m, c in self.target_cost.items())
-        if not measured:
+        """Estimated seconds of a target forward over n new tokens (None before T_t(1) is known).
+
+        Measured n: the decayed mean of its verification forwards. Unmeasured n:
+        an optimistic T_t(1)·(1 + explore_slope·(n-1)), so every draft length
+        that could pay is tried once and then judged on its measured cost (CPU
+        matmul cost is far from linear in n: on one machine here T_t(8) < T_t(3)).
+        """
+        if 1 not in self.target_cost:
             return None
-        for (n0, t0), (n1, t1) in zip(measured, measured[1:]):
-            if n0 <= n <= n1:
-                return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
-        if len(measured) >= 2 and n > measured[-1][0]:
-            (n0, t0), (n1, t1) = measured[-2], measured[-1]
-            slope = max((t1 - t0) / (n1 - n0), 0.0)
-        else:
-            slope = 0.1 * measured[0][1]
-        n_ref, t_ref = measured[-1] if n > measured[-1][0] else measured[0]
-        return max(t_ref + slope * (n - n_ref), 1e-9)
+        cost = self.target_cost.get(n)
+        if cost is not None:
+            return cost.mean
+        return self.target_cost[1].mean * (1.0 + self.explore_slope * (n - 1))
+
+    def calibrate(self, target, context: Sequence[int], repeats: int = 2) -> dict[int, float]:
+        """Time target forwards over n = 1..k_max+1 new tokens once, as the cost-curve prior.
+
+        CPU matmul cost is far from linear in the batch size (with torch float32
+        here, 8 rows cost less than 3), so measuring every n beats
+        extrapolating. Leaves the target's cache holding context[:-1] (the state
+        `decode` starts from). Costs about (repeats + 1) · Σ_n T_t(n) seconds.
+
+        Args:
+            target: the target `CausalLM`.
+            context: prompt token ids (len >= 1).
+            repeats: timed runs per n after one warm-up run; the median is kept.
+
+        Returns:
+            {n: seconds} as stored in the policy.
+        """
+        import statistics
+        import time
+
+        context = list(context)
+        target.rollback_to(context)
+        if len(target.tokens) < len(context) - 1:
+            target.forward(context[len(target.tokens):-1], keep=1)
+        base = len(target.tokens)
+        filler = [context[-1]] * (self.k_max + 1)
+        ns = [n for n in range(1, self.k_max + 2) if base + n <= target.context_length]
+        samples: dict[int, list[float]] = {n: [] for n in ns}
+        for run in range(repeats + 1):
+            for n in ns:
+                start = time.perf_counter()
+                target.forward(filler[:n], keep=n)
+                elapsed = time.perf_counter() - start
+                target.truncate(base)
+                if run:
+                    samples[n].append(elapsed)
+        for n, values in samples.items():
+            self.target_cost[n] = _Decayed()
+            self.target_cost[n].add(statistics.median(values), self.decay)
+        self.calibrated = True
+        return {n: self.target_cost[n].mean for n in ns}
 
     def alphas(self, name: str, k: int) -> list[float]:
         """Estimated per-position acceptance α_1..α_k of drafter `name`."""
-        out, previous = [], self.alpha_prior
+        out, previous = [], self.alpha_priors.get(name, self.alpha_prior)
         for stat in self.alpha[name][:k]:
             previous = (stat.total + self.prior_weight * previous) / (stat.weight + self.prior_weight)
             out.append(previous)
@@ -142,6 +188,9 @@ class AdaptivePolicy:
 
     # -- protocol --------------------------------------------------------------
     def choose(self, seq: Sequence[int]) -> tuple[Drafter | None, int]:
+        if 1 not in self.target_cost or self.rounds_since_plain >= self.refresh_every:
+            self.last_prediction = 1.0
+            return None, 0                    # measure (or refresh) T_t(1) with a plain round
         best_name, best_k, best_s = None, 0, 1.0 + self.margin
         for name, drafter in self.drafters.items():
             limit = self.k_max
@@ -168,6 +217,7 @@ class AdaptivePolicy:
 
     def observe(self, record: RoundRecord) -> None:
         self.target_cost.setdefault(record.k + 1, _Decayed()).add(record.target_seconds, self.decay)
+        self.rounds_since_plain = 0 if record.k == 0 else self.rounds_since_plain + 1
         if record.k == 0 or record.drafter not in self.alpha:
             return
         if record.accepted == record.k:
