@@ -74,9 +74,10 @@ class AdaptivePolicy:
         and one in `refresh_every` rounds is plain to follow the growing context;
       * T_d: drafting seconds per drafted token.
     The best (d, k) is used if its S > 1 + margin; otherwise the round is plain
-    (k = 0). After `probe_every` plain rounds in a row it probes the best drafter
-    once with k = 1, so it can switch back when the text becomes predictable; each
-    failed probe doubles the interval (up to 64 rounds).
+    (k = 0). After `probe_every` plain rounds in a row it probes the (drafter, k)
+    that would pay if α were at least `probe_alpha`, once, so it can switch back
+    when the text becomes predictable; each failed probe doubles the interval
+    (up to 64 rounds), a fully accepted round resets it.
 
     Args:
         drafters: name -> drafter (e.g. {"model": ModelDrafter(...), "lookup": LookupDrafter()}).
@@ -90,8 +91,8 @@ class AdaptivePolicy:
     """
 
     def __init__(self, drafters: dict[str, Drafter], *, k_max: int = 8, decay: float = 0.9,
-                 alpha_prior: float = 0.6, prior_weight: float = 2.0, margin: float = 0.03,
-                 probe_every: int = 8, explore_slope: float = 0.1, refresh_every: int = 64) -> None:
+                 alpha_prior: float = 0.6, prior_weight: float = 3.0, margin: float = 0.03,
+                 probe_every: int = 8, probe_alpha: float = 0.85, explore_slope: float = 0.1, refresh_every: int = 64) -> None:
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
             raise ValueError(f"k_max must be an integer >= 1, got {k_max!r}")
         if not 0 < decay < 1:
@@ -105,6 +106,8 @@ class AdaptivePolicy:
         self.draft_cost = {name: _Decayed() for name in self.drafters}
         self.target_cost: dict[int, _Decayed] = {}
         self.probe_every = self.probe_interval = probe_every
+        self.probe_alpha = probe_alpha
+        self.probes = 0
         self.explore_slope, self.refresh_every = explore_slope, refresh_every
         self.plain_streak = 0
         self.rounds_since_plain = 0
@@ -176,15 +179,19 @@ class AdaptivePolicy:
             out.append(previous)
         return out
 
-    def predict(self, name: str, k: int) -> float:
-        """Predicted speedup S of drafting k tokens with drafter `name` (1.0 for k = 0)."""
+    def predict(self, name: str, k: int, floor: float = 0.0) -> float:
+        """Predicted speedup S of drafting k tokens with drafter `name` (1.0 for k = 0).
+
+        `floor` raises every α estimate to at least that value (optimistic probes).
+        """
         if k == 0:
             return 1.0
         t1, tk = self.target_time(1), self.target_time(k + 1)
         cost = self.draft_cost[name]
         if t1 is None or tk is None or cost.weight == 0:
             return 1.0 + self.margin * 2   # no data yet: try it
-        return expected_tokens_positional(self.alphas(name, k)) * t1 / (k * cost.mean + tk)
+        alphas = [max(a, floor) for a in self.alphas(name, k)]
+        return expected_tokens_positional(alphas) * t1 / (k * cost.mean + tk)
 
     # -- protocol --------------------------------------------------------------
     def choose(self, seq: Sequence[int]) -> tuple[Drafter | None, int]:
@@ -206,9 +213,20 @@ class AdaptivePolicy:
             if self.plain_streak >= self.probe_interval and self.drafters:
                 self.plain_streak = 0
                 self.probe_interval = min(self.probe_interval * 2, 64)
-                name = max(self.drafters, key=lambda d: self.predict(d, 1))
-                self.last_prediction = self.predict(name, 1)
-                return self.drafters[name], 1
+                # probe the drafters in turn (those that can propose now), each with
+                # the k that would pay if α were at least `probe_alpha`, so one probe
+                # can reveal a good draft
+                names = list(self.drafters)
+                names = names[self.probes % len(names):] + names[:self.probes % len(names)]
+                self.probes += 1
+                for name in names:
+                    limit = getattr(self.drafters[name], "available", None)
+                    limit = self.k_max if limit is None else min(self.k_max, limit(seq))
+                    if limit <= 0:
+                        continue
+                    k = max(range(1, limit + 1), key=lambda k: self.predict(name, k, floor=self.probe_alpha))
+                    self.last_prediction = self.predict(name, k)
+                    return self.drafters[name], k
             self.last_prediction = 1.0
             return None, 0
         self.plain_streak = 0
