@@ -102,3 +102,11 @@ def test_adaptive_k_never_changes_greedy_output(tiny_pair):
                   sampling=greedy, max_new_tokens=150, rng=TorchRandomness(0), observer=records.append)
     assert spec.tokens == plain.tokens
     assert len({r.k for r in records}) > 1          # k really varied
+
+
+def test_never_probes_a_drafter_that_cannot_pay_even_when_it_agrees():
+    # llama.cpp-like: steep verification cost and a draft that costs 0.6 of a target step
+    curve = lambda n: 1.0 + 0.55 * (n - 1)
+    policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=8)
+    ks = feed(policy, 1.0, curve, 0.6, rounds=300)
+    assert ks[-250:].count(0) == 250

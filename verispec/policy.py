@@ -77,7 +77,7 @@ class AdaptivePolicy:
     (k = 0). After `probe_every` plain rounds in a row it probes the (drafter, k)
     that would pay if α were at least `probe_alpha`, once, so it can switch back
     when the text becomes predictable; each failed probe doubles the interval
-    (up to 64 rounds), a fully accepted round resets it.
+    (up to 64 rounds) until drafting pays again.
 
     Args:
         drafters: name -> drafter (e.g. {"model": ModelDrafter(...), "lookup": LookupDrafter()}).
@@ -92,7 +92,7 @@ class AdaptivePolicy:
 
     def __init__(self, drafters: dict[str, Drafter], *, k_max: int = 8, decay: float = 0.9,
                  alpha_prior: float = 0.6, prior_weight: float = 3.0, margin: float = 0.03,
-                 probe_every: int = 8, probe_alpha: float = 0.85, explore_slope: float = 0.1, refresh_every: int = 64) -> None:
+                 probe_every: int = 8, probe_alpha: float = 0.9, explore_slope: float = 0.1, refresh_every: int = 64) -> None:
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
             raise ValueError(f"k_max must be an integer >= 1, got {k_max!r}")
         if not 0 < decay < 1:
@@ -225,11 +225,14 @@ class AdaptivePolicy:
                     if limit <= 0:
                         continue
                     k = max(range(1, limit + 1), key=lambda k: self.predict(name, k, floor=self.probe_alpha))
+                    if self.predict(name, k, floor=self.probe_alpha) <= 1.0 + self.margin:
+                        continue   # would not pay even with a good draft: never worth probing
                     self.last_prediction = self.predict(name, k)
                     return self.drafters[name], k
             self.last_prediction = 1.0
             return None, 0
         self.plain_streak = 0
+        self.probe_interval = self.probe_every   # drafting pays again: probe eagerly next time
         self.last_prediction = best_s
         return self.drafters[best_name], best_k
 
@@ -238,8 +241,6 @@ class AdaptivePolicy:
         self.rounds_since_plain = 0 if record.k == 0 else self.rounds_since_plain + 1
         if record.k == 0 or record.drafter not in self.alpha:
             return
-        if record.accepted == record.k:
-            self.probe_interval = self.probe_every   # a good round: probe eagerly again
         verified = min(record.accepted + 1, record.k)
         for i in range(verified):
             self.alpha[record.drafter][i].add(float(record.alphas[i]), self.decay)
