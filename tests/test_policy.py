@@ -108,5 +108,26 @@ def test_never_probes_a_drafter_that_cannot_pay_even_when_it_agrees():
     # llama.cpp-like: steep verification cost and a draft that costs 0.6 of a target step
     curve = lambda n: 1.0 + 0.55 * (n - 1)
     policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=8)
+    for n in range(1, 10):      # the cost curve as `calibrate` would have measured it
+        policy.observe(record(n - 1, 0, 0.0, curve(n), 0.6, drafter="calibration"))
     ks = feed(policy, 1.0, curve, 0.6, rounds=300)
-    assert ks[-250:].count(0) == 250
+    assert ks[-280:].count(0) == 280
+
+
+def test_an_inflated_single_token_time_does_not_make_a_poor_draft_look_good():
+    curve = lambda n: 1.0 + 0.55 * (n - 1)
+    policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=4)
+    for n in range(1, 6):   # calibration where T_t(1) caught a 3x hiccup
+        policy.observe(record(n - 1, 0, 0.0, 3.0 if n == 1 else curve(n), 0.6, drafter="calibration"))
+    policy.observe(record(1, 0, 0.3, curve(2), 0.6))      # the draft: α 0.3, 0.6 of a step
+    assert policy.predict("model", 1) < 1.0
+
+
+def test_start_forgets_alpha_but_keeps_the_cost_curve():
+    policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=4)
+    feed(policy, 0.0, lambda n: 1.0 + 0.1 * (n - 1), 0.1, rounds=30)
+    costs = {n: c.mean for n, c in policy.target_cost.items()}
+    assert policy.alphas("model", 1)[0] < 0.3
+    policy.start()
+    assert policy.alphas("model", 1)[0] == pytest.approx(policy.alpha_prior)
+    assert {n: c.mean for n, c in policy.target_cost.items()} == costs

@@ -213,6 +213,7 @@ class SpeculativeDecoder:
             if self._auto_policy is None:
                 self._auto_policy = make_policy("auto", self.drafters)
             policy = self._auto_policy
+            policy.start()
             if not policy.calibrated and self.drafters and max_new_tokens > 1:
                 policy.calibrate(self.target, ids)   # once per decoder: this machine's cost curve
         else:

@@ -92,7 +92,8 @@ class AdaptivePolicy:
 
     def __init__(self, drafters: dict[str, Drafter], *, k_max: int = 8, decay: float = 0.9,
                  alpha_prior: float = 0.6, prior_weight: float = 3.0, margin: float = 0.03,
-                 probe_every: int = 8, probe_alpha: float = 0.9, explore_slope: float = 0.1, refresh_every: int = 64) -> None:
+                 probe_every: int = 8, probe_alpha: float = 0.9, explore_slope: float = 0.1,
+                 refresh_every: int = 32) -> None:
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
             raise ValueError(f"k_max must be an integer >= 1, got {k_max!r}")
         if not 0 < decay < 1:
@@ -130,7 +131,7 @@ class AdaptivePolicy:
             return cost.mean
         return self.target_cost[1].mean * (1.0 + self.explore_slope * (n - 1))
 
-    def calibrate(self, target, context: Sequence[int], repeats: int = 2) -> dict[int, float]:
+    def calibrate(self, target, context: Sequence[int], repeats: int = 3) -> dict[int, float]:
         """Time target forwards over n = 1..k_max+1 new tokens once, as the cost-curve prior.
 
         CPU matmul cost is far from linear in the batch size (with torch float32
@@ -171,6 +172,12 @@ class AdaptivePolicy:
         self.calibrated = True
         return {n: self.target_cost[n].mean for n in ns}
 
+    def start(self) -> None:
+        """A new generation: forget α and the probe back-off (they belong to the text),
+        keep the cost curve (it belongs to the machine)."""
+        self.alpha = {name: [_Decayed() for _ in range(self.k_max)] for name in self.drafters}
+        self.probe_interval, self.plain_streak = self.probe_every, 0
+
     def alphas(self, name: str, k: int) -> list[float]:
         """Estimated per-position acceptance α_1..α_k of drafter `name`."""
         out, previous = [], self.alpha_priors.get(name, self.alpha_prior)
@@ -187,6 +194,8 @@ class AdaptivePolicy:
         if k == 0:
             return 1.0
         t1, tk = self.target_time(1), self.target_time(k + 1)
+        if t1 is not None:   # one token never costs more than several: guards a noisy T_t(1)
+            t1 = min([t1] + [c.mean for c in self.target_cost.values()])
         cost = self.draft_cost[name]
         if t1 is None or tk is None or cost.weight == 0:
             return 1.0 + self.margin * 2   # no data yet: try it
