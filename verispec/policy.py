@@ -194,8 +194,10 @@ class AdaptivePolicy:
         if k == 0:
             return 1.0
         t1, tk = self.target_time(1), self.target_time(k + 1)
-        if t1 is not None:   # one token never costs more than several: guards a noisy T_t(1)
-            t1 = min([t1] + [c.mean for c in self.target_cost.values()])
+        if t1 is not None and 2 in self.target_cost and 3 in self.target_cost:
+            # guard against a noisy T_t(1): not above the line through T_t(2), T_t(3)
+            t2, t3 = self.target_cost[2].mean, self.target_cost[3].mean
+            t1 = min(t1, max(2 * t2 - t3, 0.25 * t2))
         cost = self.draft_cost[name]
         if t1 is None or tk is None or cost.weight == 0:
             return 1.0 + self.margin * 2   # no data yet: try it
