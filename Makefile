@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+BACKEND ?= transformers
 PROMPT ?= Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.
 
 .PHONY: setup demo test test-slow bench-quick clean
@@ -19,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(BIN)/verispec models fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b
-	$(BIN)/verispec generate "$(PROMPT)" --max-new-tokens 160 --compare
+	$(BIN)/verispec generate "$(PROMPT)" --backend $(BACKEND) --max-new-tokens 128 --compare
 
 test: setup
 	$(BIN)/verispec models fetch smollm2-135m

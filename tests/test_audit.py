@@ -31,14 +31,6 @@ WARPS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # toy tensors are tiny: intra-op threads only add wake-up latency on a busy machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def assert_exact(target, drafter, n, k, sampling, prompt=(0,), **kw):
     dist = exact_distribution(target, drafter, list(prompt), n, k, sampling, **kw)

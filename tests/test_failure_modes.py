@@ -31,13 +31,6 @@ from conftest import tiny_llama
 T1 = SamplingConfig(temperature=1.0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def fixed(probs_or_logits, *, logits=False, eos=()):
     row = torch.tensor(probs_or_logits, dtype=torch.float64) if logits else log_probs(probs_or_logits)

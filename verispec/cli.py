@@ -138,7 +138,18 @@ def generate(
     compare: bool = typer.Option(False, "--compare", help="also run plain decoding and report the speedup"),
 ) -> None:
     """Generate text exactly as the target would, faster."""
+    from .sampling import SamplingConfig
+
     k_value = parse_k(k)
+    if not prompt.strip():   # checked before loading models (seconds to minutes)
+        _fail("PROMPT is empty: give some text to continue or answer")
+    if max_new_tokens < 0:
+        _fail(f"--max-new-tokens must be >= 0 (0 returns nothing), got {max_new_tokens}")
+    try:
+        SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    except ValueError as e:
+        _fail(str(e).replace("temperature", "--temperature", 1) if "temperature" in str(e)[:12]
+              else str(e).replace("top_k", "--top-k").replace("top_p", "--top-p"))
     decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers)
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, stop_strings=stop, use_chat_template=False if no_chat_template else None)
