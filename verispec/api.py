@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .decoding import DecodeResult, Stats, decode
+from .drafters.lookup import LookupDrafter
 from .drafters.model import ModelDrafter
 from .models.base import CausalLM
 from .policy import make_policy
@@ -233,12 +234,7 @@ class SpeculativeDecoder:
         if self.draft is not None and self.drafter in ("auto", "model"):
             drafters["model"] = ModelDrafter(self.draft)
         if self.drafter in ("auto", "lookup"):
-            try:
-                from .drafters.lookup import LookupDrafter
-            except ImportError:  # pragma: no cover - lookup drafter not built yet
-                pass
-            else:
-                drafters["lookup"] = LookupDrafter()
+            drafters["lookup"] = LookupDrafter()
         return drafters
 
     def _stopper(self, stop_strings: Sequence[str] | None) -> Callable[[list[int]], bool] | None:

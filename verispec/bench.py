@@ -31,7 +31,6 @@ Prompts: Spec-Bench's multi-turn (MT-Bench) rows are run on their FIRST turn onl
 from __future__ import annotations
 
 import datetime as _dt
-import inspect
 import json
 import os
 import platform
@@ -423,10 +422,6 @@ class _ForwardCounter:
 def _verispec_run(decoder, ids: list[int], spec: MethodSpec, max_new_tokens: int,
                   temperature: float, seed: int) -> dict:
     """One timed generation with our loop; returns the measurement fields."""
-    from .decoding import decode
-    from .policy import make_policy
-    from .sampling import SamplingConfig, TorchRandomness
-
     k_hist: dict[str, int] = {}
 
     def observe(record) -> None:
@@ -436,21 +431,11 @@ def _verispec_run(decoder, ids: list[int], spec: MethodSpec, max_new_tokens: int
     for model in (decoder.target, decoder.draft):
         if model is not None:
             model.reset()
-    if "observer" in inspect.signature(decoder.generate).parameters:
-        start = time.perf_counter()
-        res = decoder.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                               k=spec.k, seed=seed, observer=observe)
-        wall = time.perf_counter() - start
-        tokens, stats, text = res.token_ids, res.stats, res.text
-    else:   # generate() has no observer hook: the same steps, with one
-        start = time.perf_counter()
-        policy = make_policy(spec.k, decoder._drafters())
-        result = decode(decoder.target, ids, policy, sampling=SamplingConfig(temperature=temperature),
-                        max_new_tokens=max_new_tokens, rng=TorchRandomness(seed), observer=observe)
-        tok = decoder.tokenizer
-        text = tok.decode(result.tokens, skip_special_tokens=True) if tok is not None else ""
-        wall = time.perf_counter() - start
-        tokens, stats = result.tokens, result.stats
+    start = time.perf_counter()
+    res = decoder.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                           k=spec.k, seed=seed, observer=observe)
+    wall = time.perf_counter() - start
+    tokens, stats, text = res.token_ids, res.stats, res.text
     s = stats
     return {
         "new_tokens": len(tokens), "wall_seconds": wall,
