@@ -123,11 +123,64 @@ def test_an_inflated_single_token_time_does_not_make_a_poor_draft_look_good():
     assert policy.predict("model", 1) < 1.0
 
 
-def test_start_forgets_alpha_but_keeps_the_cost_curve():
-    policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=4)
+def test_start_weakens_alpha_keeps_the_cost_curve_and_follows_the_new_text():
+    policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=4, carry=0.3)
     feed(policy, 0.0, lambda n: 1.0 + 0.1 * (n - 1), 0.1, rounds=30)
     costs = {n: c.mean for n, c in policy.target_cost.items()}
-    assert policy.alphas("model", 1)[0] < 0.3
+    before = policy.alphas("model", 1)[0]
+    assert before < 0.3
     policy.start()
-    assert policy.alphas("model", 1)[0] == pytest.approx(policy.alpha_prior)
+    after = policy.alphas("model", 1)[0]
+    assert before < after < policy.alpha_prior      # a weak prior from the last text
     assert {n: c.mean for n, c in policy.target_cost.items()} == costs
+    for _ in range(6):                              # the new text is easy: it takes over
+        policy.observe(record(1, 1, 1.0, 1.1, 0.1))
+    assert policy.alphas("model", 1)[0] > 0.7
+    reset = AdaptivePolicy({"model": FakeDrafter()}, k_max=4, carry=0.0)
+    feed(reset, 0.0, lambda n: 1.0 + 0.1 * (n - 1), 0.1, rounds=30)
+    reset.start()
+    assert reset.alphas("model", 1)[0] == pytest.approx(reset.alpha_prior)
+
+
+def test_probes_are_rationed_to_a_fraction_of_the_time_spent():
+    # a 0.5-step draft that must first read a long prompt
+    # (3 s of catch-up per probe) and never agrees with the target
+    curve = lambda n: 1.0 + 0.15 * (n - 1)
+    policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=8, explore_fraction=0.1)
+    for n in range(1, 10):
+        policy.observe(record(n - 1, 0, 0.0, curve(n), 0.5, drafter="calibration"))
+    for generation in range(3):
+        policy.start()
+        probes, spent, lost, spent_at_probe = [], 0.0, 0.0, []
+        expected_loss = policy.probe_loss["model"].mean if generation else None
+        for i in range(100):
+            drafter, k = policy.choose([1, 2, 3])
+            if k:
+                probes.append(i)
+                spent_at_probe.append(spent)
+                r = record(k, 0, 0.0, curve(k + 1), 0.5)
+                r.catchup_seconds = 3.0
+                lost += r.target_seconds + r.draft_seconds + 3.0 - 1.0
+            else:
+                r = record(0, 0, 0.0, 1.0, 0.0)
+            spent += r.target_seconds + r.draft_seconds + r.catchup_seconds
+            policy.observe(r)
+        assert probes, "it must still probe"
+        if generation == 0:
+            # nothing known yet: one try to time the draft, then the usual first probe
+            assert probes[:2] == [0, 8]
+        else:
+            # the loss of a probe (4-6 s) is known: none before 10x that was spent
+            assert expected_loss > 3.0
+            assert spent_at_probe[0] >= expected_loss / 0.1 and probes[0] >= 30
+            assert lost <= 0.1 * spent + 5.6         # at most one probe beyond the budget
+    unlimited = AdaptivePolicy({"model": FakeDrafter()}, k_max=8, explore_fraction=1.0)
+    for n in range(1, 10):
+        unlimited.observe(record(n - 1, 0, 0.0, curve(n), 0.5, drafter="calibration"))
+    assert feed(unlimited, 0.0, curve, 0.5, rounds=60).count(0) < 60 - 3
+
+
+def test_rejects_bad_explore_fraction_and_carry():
+    for name in ("explore_fraction", "carry"):
+        with pytest.raises(ValueError, match=name):
+            AdaptivePolicy({}, **{name: 1.5})

@@ -62,6 +62,8 @@ class RoundRecord:
         px, qx: [k] float, p_i(x_i) and q_i(x_i) for the drafted tokens.
         target_seconds: wall time of the verification forward (k+1 tokens).
         draft_seconds: wall time spent drafting this round, catch-up excluded.
+        catchup_seconds: wall time the drafter spent this round feeding its model the
+            context it had missed (the prompt, tokens of plain rounds).
     """
 
     drafter: str
@@ -73,6 +75,7 @@ class RoundRecord:
     qx: torch.Tensor
     target_seconds: float
     draft_seconds: float
+    catchup_seconds: float = 0.0
 
 
 class Policy(Protocol):
@@ -229,13 +232,14 @@ def decode(
             break
         drafter, k = policy.choose(seq)
         k = max(0, min(k, max_new_tokens - len(out) - 1, room - 1)) if drafter is not None else 0
-        x, q, t_draft = [], None, 0.0
+        x, q, t_draft, t_catchup = [], None, 0.0, 0.0
         if k > 0:
             forwards, seconds, catchup = drafter.forwards, drafter.seconds, drafter.catchup_seconds
             x, q = drafter.propose(seq, k, sampling, rng)
             stats.draft_forwards += drafter.forwards - forwards
             stats.draft_seconds += drafter.seconds - seconds
-            t_draft = drafter.seconds - seconds - (drafter.catchup_seconds - catchup)
+            t_catchup = drafter.catchup_seconds - catchup
+            t_draft = drafter.seconds - seconds - t_catchup
         k = len(x)
         if k:
             if q.shape[-1] < vocab:   # draft vocabulary is a prefix of the target's
@@ -275,7 +279,7 @@ def decode(
             alphas=acceptance_rate(p[:k], q) if k else p.new_zeros(0),
             px=p[:k].gather(-1, xt[:, None]).squeeze(-1) if k else p.new_zeros(0),
             qx=q.gather(-1, xt[:, None]).squeeze(-1) if k else p.new_zeros(0),
-            target_seconds=t_target, draft_seconds=t_draft,
+            target_seconds=t_target, draft_seconds=t_draft, catchup_seconds=t_catchup,
         )
         stats.record(record)
         stats.new_tokens = len(out)

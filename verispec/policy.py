@@ -77,7 +77,17 @@ class AdaptivePolicy:
     (k = 0). After `probe_every` plain rounds in a row it probes the (drafter, k)
     that would pay if α were at least `probe_alpha`, once, so it can switch back
     when the text becomes predictable; each failed probe doubles the interval
-    (up to 64 rounds) until drafting pays again.
+    (up to 64 rounds) until drafting pays again. Probes are rationed: a
+    drafter is probed only while the seconds lost to probes in this generation,
+    plus that drafter's typical probe loss (decayed mean over past probes: its
+    draft and catch-up time plus the verification time beyond the tokens it
+    committed at T_t(1) each), stay within `explore_fraction` of the seconds
+    spent so far, so a short answer is not slowed down by a probe of a draft
+    model that has to read the whole prompt first.
+
+    Between generations (`start`) the α estimates are not reset but kept with
+    `carry` of their weight, so the previous text's acceptance is a weak prior
+    for the next one; the cost curve and the probe losses are kept whole.
 
     Args:
         drafters: name -> drafter (e.g. {"model": ModelDrafter(...), "lookup": LookupDrafter()}).
@@ -85,19 +95,28 @@ class AdaptivePolicy:
         decay: weight of the past per new observation, in (0, 1).
         alpha_prior: initial per-position α guess (weighted as `prior_weight` observations).
         margin: predicted speedup a choice must beat plain decoding by.
+        explore_fraction: largest share of a generation's decoding seconds that
+            probes may lose, in [0, 1].
+        carry: weight kept by the α estimates from one generation to the next,
+            in [0, 1] (0 = start each generation from `alpha_prior`).
 
     Raises:
-        ValueError: for k_max < 1 or decay outside (0, 1).
+        ValueError: for k_max < 1, decay outside (0, 1), or explore_fraction or
+            carry outside [0, 1].
     """
 
     def __init__(self, drafters: dict[str, Drafter], *, k_max: int = 8, decay: float = 0.9,
                  alpha_prior: float = 0.6, prior_weight: float = 3.0, margin: float = 0.03,
                  probe_every: int = 8, probe_alpha: float = 0.9, explore_slope: float = 0.1,
-                 refresh_every: int = 32) -> None:
+                 refresh_every: int = 32, explore_fraction: float = 0.1,
+                 carry: float = 0.3) -> None:
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
             raise ValueError(f"k_max must be an integer >= 1, got {k_max!r}")
         if not 0 < decay < 1:
             raise ValueError(f"decay must be in (0, 1), got {decay!r}")
+        for label, value in (("explore_fraction", explore_fraction), ("carry", carry)):
+            if not 0 <= value <= 1:
+                raise ValueError(f"{label} must be in [0, 1], got {value!r}")
         self.drafters = dict(drafters)
         self.k_max, self.decay, self.margin = k_max, decay, margin
         self.alpha_prior, self.prior_weight = alpha_prior, prior_weight
@@ -114,6 +133,11 @@ class AdaptivePolicy:
         self.rounds_since_plain = 0
         self.calibrated = False
         self.last_prediction: float = 1.0
+        self.explore_fraction, self.carry = explore_fraction, carry
+        self.probe_loss = {name: _Decayed() for name in self.drafters}
+        self.spent = 0.0        # decoding seconds observed in this generation
+        self.explored = 0.0     # of which lost to probes
+        self.probing: str | None = None
 
     # -- estimates -----------------------------------------------------------
     def target_time(self, n: int) -> float | None:
@@ -173,10 +197,22 @@ class AdaptivePolicy:
         return {n: self.target_cost[n].mean for n in ns}
 
     def start(self) -> None:
-        """A new generation: forget α and the probe back-off (they belong to the text),
-        keep the cost curve (it belongs to the machine)."""
-        self.alpha = {name: [_Decayed() for _ in range(self.k_max)] for name in self.drafters}
+        """A new generation: weaken α to `carry` of its weight and reset the probe
+        back-off and budget (they belong to the text); keep the cost curve and
+        the probe losses (they belong to the machine)."""
+        for stats in self.alpha.values():
+            for stat in stats:
+                stat.total *= self.carry
+                stat.weight *= self.carry
         self.probe_interval, self.plain_streak = self.probe_every, 0
+        self.spent = self.explored = 0.0
+        self.probing = None
+
+    def may_probe(self, name: str) -> bool:
+        """Whether a probe of drafter `name` fits the exploration budget now."""
+        loss = self.probe_loss[name]
+        expected = loss.mean if loss.weight else 0.0
+        return self.explored + expected <= self.explore_fraction * self.spent
 
     def alphas(self, name: str, k: int) -> list[float]:
         """Estimated per-position acceptance α_1..α_k of drafter `name`."""
@@ -222,14 +258,11 @@ class AdaptivePolicy:
         if best_name is None:
             self.plain_streak += 1
             if self.plain_streak >= self.probe_interval and self.drafters:
-                self.plain_streak = 0
-                self.probe_interval = min(self.probe_interval * 2, 64)
                 # probe the drafters in turn (those that can propose now), each with
                 # the k that would pay if α were at least `probe_alpha`, so one probe
-                # can reveal a good draft
+                # can reveal a good draft; if none may be probed now, ask again next round
                 names = list(self.drafters)
                 names = names[self.probes % len(names):] + names[:self.probes % len(names)]
-                self.probes += 1
                 for name in names:
                     limit = getattr(self.drafters[name], "available", None)
                     limit = self.k_max if limit is None else min(self.k_max, limit(seq))
@@ -238,7 +271,13 @@ class AdaptivePolicy:
                     k = max(range(1, limit + 1), key=lambda k: self.predict(name, k, floor=self.probe_alpha))
                     if self.predict(name, k, floor=self.probe_alpha) <= 1.0 + self.margin:
                         continue   # would not pay even with a good draft: never worth probing
+                    if not self.may_probe(name):
+                        continue   # too costly for the time spent so far: later
+                    self.plain_streak = 0
+                    self.probe_interval = min(self.probe_interval * 2, 64)
+                    self.probes += 1
                     self.last_prediction = self.predict(name, k)
+                    self.probing = name
                     return self.drafters[name], k
             self.last_prediction = 1.0
             return None, 0
@@ -248,6 +287,14 @@ class AdaptivePolicy:
         return self.drafters[best_name], best_k
 
     def observe(self, record: RoundRecord) -> None:
+        seconds = record.target_seconds + record.draft_seconds + record.catchup_seconds
+        self.spent += seconds
+        if self.probing is not None and record.drafter == self.probing:
+            t1 = self.target_time(1) or 0.0
+            loss = max(0.0, seconds - record.committed * t1)
+            self.explored += loss
+            self.probe_loss[record.drafter].add(loss, self.decay)
+        self.probing = None
         self.target_cost.setdefault(record.k + 1, _Decayed()).add(record.target_seconds, self.decay)
         self.rounds_since_plain = 0 if record.k == 0 else self.rounds_since_plain + 1
         if record.k == 0 or record.drafter not in self.alpha:
