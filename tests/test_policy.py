@@ -79,7 +79,8 @@ def test_switches_back_when_the_draft_becomes_good():
     policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=6, probe_every=4)
     feed(policy, 0.0, curve, 0.1, rounds=60)
     ks = feed(policy, 1.0, curve, 0.1, rounds=80)
-    assert ks[-1] == 6
+    drafted = [k for k in ks[-10:] if k]        # k = 0: the periodic T_t(1) refresh
+    assert len(drafted) >= 9 and set(drafted) == {6}
 
 
 def test_make_policy_rejects_bad_k():

@@ -54,6 +54,7 @@ from .decoding import decode
 from .models.base import CausalLM
 from .policy import FixedPolicy
 from .sampling import Randomness, SamplingConfig, TorchRandomness, warp
+from .timing import Clock, time_forwards
 from .theory import (
     CostCurve,
     expected_tokens_positional,
@@ -434,9 +435,6 @@ def summarize_points(points: Sequence[PointRecord], k_max: int) -> AlphaSummary:
 # --------------------------------------------------------------------------- cost curve
 
 
-Clock = Callable[[], float]
-
-
 def _fill(model: CausalLM, prefix: Sequence[int]) -> None:
     """Make the model's cache hold exactly `prefix`."""
     prefix = list(prefix)
@@ -444,43 +442,6 @@ def _fill(model: CausalLM, prefix: Sequence[int]) -> None:
     rest = prefix[len(model.tokens):]
     if rest:
         model.forward(rest, keep=1)
-
-
-def time_forwards(model: CausalLM, batches: Sequence[Sequence[int]], *, keep_all: bool = True,
-                  repeats: int = 5, warmup: int = 1, clock: Clock = time.perf_counter) -> list[list[float]]:
-    """Seconds of `model.forward(batch)` for each batch, on the current cache.
-
-    The repeats are interleaved (round r times every batch once, then round
-    r + 1), so a burst of load from other processes hits every batch alike
-    instead of skewing one point of the curve. The cache is rolled back with
-    `truncate` after every forward.
-
-    Args:
-        model: a model whose cache holds the context to time against.
-        batches: the new tokens of each forward (batch j has n_j tokens).
-        keep_all: keep all n rows of logits (a verification forward) or only the last.
-        repeats: timed rounds (>= 1).
-        warmup: untimed rounds first (>= 0).
-        clock: seconds, monotonic (injectable for tests).
-
-    Returns:
-        [len(batches)] lists of `repeats` durations in seconds; the cache is
-        back at its starting length.
-    """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
-    base = len(model.tokens)
-    batches = [list(b) for b in batches]
-    samples: list[list[float]] = [[] for _ in batches]
-    for i in range(warmup + repeats):
-        for j, tokens in enumerate(batches):
-            start = clock()
-            model.forward(tokens, keep=len(tokens) if keep_all else 1)
-            elapsed = clock() - start
-            model.truncate(base)
-            if i >= warmup:
-                samples[j].append(elapsed)
-    return samples
 
 
 def time_forward(model: CausalLM, tokens: Sequence[int], *, keep_all: bool = True, repeats: int = 5,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from .decoding import Drafter, RoundRecord
 from .theory import expected_tokens_positional
+from .timing import time_forwards
 
 
 def _check_k(k) -> None:
@@ -172,7 +173,6 @@ class AdaptivePolicy:
             {n: seconds} as stored in the policy.
         """
         import statistics
-        import time
 
         context = list(context)
         target.rollback_to(context)
@@ -181,15 +181,8 @@ class AdaptivePolicy:
         base = len(target.tokens)
         filler = [context[-1]] * (self.k_max + 1)
         ns = [n for n in range(1, self.k_max + 2) if base + n <= target.context_length]
-        samples: dict[int, list[float]] = {n: [] for n in ns}
-        for run in range(repeats + 1):
-            for n in ns:
-                start = time.perf_counter()
-                target.forward(filler[:n], keep=n)
-                elapsed = time.perf_counter() - start
-                target.truncate(base)
-                if run:
-                    samples[n].append(elapsed)
+        timed = time_forwards(target, [filler[:n] for n in ns], repeats=repeats, warmup=1)
+        samples = dict(zip(ns, timed))
         for n, values in samples.items():
             self.target_cost[n] = _Decayed()
             self.target_cost[n].add(statistics.median(values), self.decay)
@@ -260,7 +253,9 @@ class AdaptivePolicy:
             if self.plain_streak >= self.probe_interval and self.drafters:
                 # probe the drafters in turn (those that can propose now), each with
                 # the k that would pay if α were at least `probe_alpha`, so one probe
-                # can reveal a good draft; if none may be probed now, ask again next round
+                # can reveal a good draft; if none may be probed now, ask again after
+                # another interval (choose() is on every round's path: keep it cheap)
+                self.plain_streak = 0
                 names = list(self.drafters)
                 names = names[self.probes % len(names):] + names[:self.probes % len(names)]
                 for name in names:
@@ -273,7 +268,6 @@ class AdaptivePolicy:
                         continue   # would not pay even with a good draft: never worth probing
                     if not self.may_probe(name):
                         continue   # too costly for the time spent so far: later
-                    self.plain_streak = 0
                     self.probe_interval = min(self.probe_interval * 2, 64)
                     self.probes += 1
                     self.last_prediction = self.predict(name, k)
