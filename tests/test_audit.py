@@ -343,3 +343,10 @@ def test_lookup_drafter_is_exact():
         # a fresh drafter per replay (it indexes the committed text)
         assert_exact(target, lambda: FixedPolicy(LookupDrafter(max_ngram=2), 3), 5, None, sampling,
                      prompt=(0, 1, 0, 1, 1, 0))
+
+
+def test_padded_verification_is_exact():
+    from test_decoding import WideVerification
+
+    target, draft = toy_random_model(3, seed=7), toy_random_model(3, seed=8)
+    assert_exact(target, lambda: WideVerification(ModelDrafter(draft), 2, 3), 4, None, T1)

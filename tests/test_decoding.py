@@ -132,3 +132,48 @@ def test_draft_vocab_prefix_is_zero_padded():
     spec = run(target, draft, 4, n=80)
     assert spec.tokens == plain
     assert spec.stats.accepted > 0
+
+
+class WideVerification(FixedPolicy):
+    """Fixed k, but the verification forward is padded to k + 1 + extra tokens."""
+
+    def __init__(self, drafter, k, extra):
+        super().__init__(drafter, k)
+        self.extra, self.widths = extra, []
+
+    def verify_width(self, n):
+        return n + self.extra
+
+    def observe(self, record):
+        self.widths.append(record.width)
+
+
+@pytest.mark.parametrize("k,extra", [(1, 3), (2, 5), (4, 1)])
+def test_padded_verification_keeps_greedy_output_and_caches_exact(tiny_pair, k, extra):
+    # guards the filler rows: the first k + 1 rows must be used and the filler's
+    # cache entries dropped; either mistake changes the output or the cache
+    target, draft = tiny_pair
+    plain = run(target, None, 0, n=80).tokens
+    policy = WideVerification(ModelDrafter(draft), k, extra)
+    committed, checks = list(PROMPT), []
+
+    def on_commit(block):
+        committed.extend(block)
+        checks.append(target.tokens == committed[:-1] and target.cache_length() == len(committed) - 1)
+
+    spec = decode(target, PROMPT, policy, sampling=GREEDY, max_new_tokens=80,
+                  rng=TorchRandomness(0), on_commit=on_commit)
+    assert spec.tokens == plain
+    assert checks and all(checks)
+    drafted = [w for w in policy.widths if w > 1]
+    assert drafted and all(w == k + 1 + extra for w in drafted[:-1])
+    assert 0 < spec.stats.accepted < spec.stats.drafted
+
+
+def test_padding_never_passes_the_context_length():
+    target, draft = tiny_llama(0), tiny_llama(0, noise=0.25)
+    target.context_length = len(PROMPT) + 12
+    policy = WideVerification(ModelDrafter(draft), 3, 50)
+    res = decode(target, PROMPT, policy, sampling=GREEDY, max_new_tokens=40, rng=TorchRandomness(0))
+    assert res.stats.finish_reason == "context"
+    assert max(policy.widths) <= 12

@@ -185,3 +185,24 @@ def test_rejects_bad_explore_fraction_and_carry():
     for name in ("explore_fraction", "carry"):
         with pytest.raises(ValueError, match=name):
             AdaptivePolicy({}, **{name: 1.5})
+
+
+def test_verification_is_padded_to_a_cheaper_width_and_priced_at_it():
+    costs = {1: 1.0, 2: 2.0, 3: 2.9, 4: 1.85, 5: 1.9, 6: 2.1, 7: 3.0, 8: 1.64, 9: 2.2}
+    policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=8)
+    for n, t in costs.items():
+        policy.observe(record(n - 1, 0, 0.0, t, 0.1, drafter="calibration"))
+    assert policy.verify_width(1) == 1
+    assert policy.verify_width(2) == 8 and policy.verify_width(3) == 8
+    assert policy.verify_width(8) == 8 and policy.verify_width(9) == 9
+    padded = record(2, 2, 1.0, 1.64, 0.1)
+    padded.width = 8                      # what decode reports for a padded round
+    policy.observe(padded)
+    assert policy.target_cost[8].mean == pytest.approx(1.64) and policy.target_cost[3].mean == 2.9
+    assert policy.predict("model", 2) == pytest.approx(
+        theory.expected_tokens_positional(policy.alphas("model", 2)) * 1.0 / (2 * 0.1 + 1.64))
+    # a monotone (llama.cpp-like) curve is never padded
+    flat = AdaptivePolicy({"model": FakeDrafter()}, k_max=4)
+    for n in range(1, 6):
+        flat.observe(record(n - 1, 0, 0.0, 1.0 + 0.5 * (n - 1), 0.1, drafter="calibration"))
+    assert [flat.verify_width(n) for n in range(1, 6)] == [1, 2, 3, 4, 5]

@@ -64,6 +64,8 @@ class RoundRecord:
         draft_seconds: wall time spent drafting this round, catch-up excluded.
         catchup_seconds: wall time the drafter spent this round feeding its model the
             context it had missed (the prompt, tokens of plain rounds).
+        width: tokens in the verification forward: k + 1, or more when the policy
+            asked for a wider, cheaper batch (`verify_width`).
     """
 
     drafter: str
@@ -76,6 +78,11 @@ class RoundRecord:
     target_seconds: float
     draft_seconds: float
     catchup_seconds: float = 0.0
+    width: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.width:
+            self.width = self.k + 1
 
 
 class Policy(Protocol):
@@ -86,6 +93,10 @@ class Policy(Protocol):
         ...
 
     def observe(self, record: RoundRecord) -> None: ...
+
+    # Optional: verify_width(n) -> int, the number of tokens (>= n) to run the
+    # verification forward over when n = k + 1 are needed (filler rows after the
+    # drafts, discarded). `decode` uses it when the policy has it.
 
 
 @dataclass
@@ -245,12 +256,20 @@ def decode(
             if q.shape[-1] < vocab:   # draft vocabulary is a prefix of the target's
                 q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
 
+        # Optionally widen the verification forward with filler rows after the drafts
+        # when a wider batch is cheaper on this hardware (CPU GEMM kernels: 8 rows can
+        # cost less than 3). Attention is causal, so rows after x_k change nothing
+        # before them; their cache entries are dropped by the truncate below.
+        width = k + 1
+        if k and hasattr(policy, "verify_width"):
+            width = max(k + 1, min(int(policy.verify_width(k + 1)), room))
         t_target = target.forward_seconds
-        logits = target.sync(seq + x, keep=k + 1)
+        logits = target.sync(seq + x + [x[-1]] * (width - k - 1) if k else seq, keep=width)
         t_target = target.forward_seconds - t_target
-        if logits.shape[0] != k + 1:
+        if logits.shape[0] != width:
             raise RuntimeError(f"{target.name}: verification returned {logits.shape[0]} rows for "
-                               f"k + 1 = {k + 1} positions; its cache is out of step")
+                               f"{width} positions; its cache is out of step")
+        logits = logits[:k + 1]
         p = warp(logits, sampling)
         xt = torch.tensor(x, dtype=torch.long)
         u = rng.uniform(k)
@@ -280,6 +299,7 @@ def decode(
             px=p[:k].gather(-1, xt[:, None]).squeeze(-1) if k else p.new_zeros(0),
             qx=q.gather(-1, xt[:, None]).squeeze(-1) if k else p.new_zeros(0),
             target_seconds=t_target, draft_seconds=t_draft, catchup_seconds=t_catchup,
+            width=width,
         )
         stats.record(record)
         stats.new_tokens = len(out)

@@ -74,6 +74,8 @@ class AdaptivePolicy:
         tried once); T_t(1) comes from plain rounds: the first round is plain,
         and one in `refresh_every` rounds is plain to follow the growing context;
       * T_d: drafting seconds per drafted token.
+    T_t(k+1) above is the cheapest measured T_t(m) over m >= k+1 (`verify_width`):
+    the decode loop pads the verification forward to that width.
     The best (d, k) is used if its S > 1 + margin; otherwise the round is plain
     (k = 0). After `probe_every` plain rounds in a row it probes the (drafter, k)
     that would pay if α were at least `probe_alpha`, once, so it can switch back
@@ -156,6 +158,22 @@ class AdaptivePolicy:
             return cost.mean
         return self.target_cost[1].mean * (1.0 + self.explore_slope * (n - 1))
 
+    def verify_width(self, n: int) -> int:
+        """Tokens to verify n = k + 1 positions with: the measured width m >= n
+        (up to k_max + 1) with the smallest T_t(m), if it beats T_t(n) by the
+        margin; else n. Filler rows after the drafts cost nothing in exactness
+        (causal attention) and, on CPUs whose GEMM kernels change with the row
+        count, can make a 3-token verification as cheap as an 8-token one."""
+        base = self.target_time(n)
+        if base is None:
+            return n
+        best, best_t = n, base
+        for m in range(n + 1, self.k_max + 2):
+            cost = self.target_cost.get(m)
+            if cost is not None and cost.mean < best_t:
+                best, best_t = m, cost.mean
+        return best if best_t < base * (1.0 - self.margin) else n
+
     def calibrate(self, target, context: Sequence[int], repeats: int = 3) -> dict[int, float]:
         """Time target forwards over n = 1..k_max+1 new tokens once, as the cost-curve prior.
 
@@ -222,7 +240,7 @@ class AdaptivePolicy:
         """
         if k == 0:
             return 1.0
-        t1, tk = self.target_time(1), self.target_time(k + 1)
+        t1, tk = self.target_time(1), self.target_time(self.verify_width(k + 1))
         if t1 is not None and 2 in self.target_cost and 3 in self.target_cost:
             # guard against a noisy T_t(1): not above the line through T_t(2), T_t(3)
             t2, t3 = self.target_cost[2].mean, self.target_cost[3].mean
@@ -289,7 +307,7 @@ class AdaptivePolicy:
             self.explored += loss
             self.probe_loss[record.drafter].add(loss, self.decay)
         self.probing = None
-        self.target_cost.setdefault(record.k + 1, _Decayed()).add(record.target_seconds, self.decay)
+        self.target_cost.setdefault(record.width, _Decayed()).add(record.target_seconds, self.decay)
         self.rounds_since_plain = 0 if record.k == 0 else self.rounds_since_plain + 1
         if record.k == 0 or record.drafter not in self.alpha:
             return
