@@ -311,6 +311,7 @@ def test_resume_runs_only_missing_pairs_and_records_errors(tiny_decoder, dataset
     (["--categories", "poetry"], "--categories: unknown category"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--draft", "none", "--methods", "verispec"], "needs a draft model"),
+    (["--out", "pyproject.toml"], "--out pyproject.toml is a file"),
 ])
 def test_cli_rejects_bad_options_before_loading_models(dataset, args, match):
     result = CliRunner().invoke(app, ["bench", "--dataset", str(dataset), "--backend", "transformers",
@@ -323,3 +324,22 @@ def test_cli_missing_dataset(tmp_path, monkeypatch):
     monkeypatch.delenv(B.DATASET_ENV, raising=False)
     result = CliRunner().invoke(app, ["bench", "--dataset", str(tmp_path / "none.jsonl")])
     assert result.exit_code == 2 and "--dataset" in result.output
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--alpha", "0"], "--alpha"), (["--alpha", "1.5"], "--alpha"),
+    (["--prompt", "  "], "--prompt is empty"),
+    (["--temperature", "inf"], "--temperature"),
+])
+def test_cli_audit_rejects_bad_options_before_loading_models(args, match):
+    result = CliRunner().invoke(app, ["audit", "--target", "/nonexistent", *args])
+    assert result.exit_code == 2
+    assert match in " ".join(result.output.split())
+
+
+def test_cli_draft_self_without_layers_is_one_clear_error():
+    result = CliRunner().invoke(app, ["generate", "hi", "--target", "smollm2-135m", "--draft", "self",
+                                      "--backend", "transformers"])
+    assert result.exit_code == 2
+    out = " ".join(result.output.split())
+    assert "--draft self needs --draft-layers N" in out and "error: 2" not in out

@@ -177,3 +177,22 @@ def test_padding_never_passes_the_context_length():
     res = decode(target, PROMPT, policy, sampling=GREEDY, max_new_tokens=40, rng=TorchRandomness(0))
     assert res.stats.finish_reason == "context"
     assert max(policy.widths) <= 12
+
+
+def test_prompt_ids_outside_the_vocabulary_are_refused_by_name(tiny_pair):
+    from verispec.api import SpeculativeDecoder
+
+    target, draft = tiny_pair
+    sd = SpeculativeDecoder(target, draft)
+    for bad in ([10**9], [-1], [target.vocab_size]):
+        with pytest.raises(ValueError, match="prompt holds token id .* vocabulary 0..95"):
+            sd.generate(bad, max_new_tokens=2)
+    for bad in (None, 123):
+        with pytest.raises(ValueError, match="prompt must be text or a list of token ids"):
+            sd.generate(bad, max_new_tokens=2)
+    assert len(sd.generate(torch.tensor([3, 17, 42]), max_new_tokens=2).token_ids) == 2
+
+
+def test_infinite_temperature_is_refused():
+    with pytest.raises(ValueError, match="temperature must be finite"):
+        SamplingConfig(temperature=float("inf"))

@@ -146,7 +146,8 @@ class SpeculativeDecoder:
         """Prompt text (or ids) -> token ids, applying the chat template by default.
 
         Raises:
-            ValueError: if the prompt is empty or encodes to no tokens.
+            ValueError: if the prompt is empty, encodes to no tokens, is neither
+                text nor token ids, or holds an id outside the target's vocabulary.
         """
         if isinstance(prompt, str):
             if not prompt.strip():
@@ -167,7 +168,14 @@ class SpeculativeDecoder:
                 ids = tok.encode(prompt, add_special_tokens=True)
             ids = [int(i) for i in ids]
         else:
+            if isinstance(prompt, (bytes, int)) or not hasattr(prompt, "__iter__"):
+                raise ValueError(f"prompt must be text or a list of token ids, got {type(prompt).__name__}")
             ids = [int(i) for i in prompt]
+            vocab = self.target.vocab_size
+            bad = [i for i in ids if not 0 <= i < vocab]
+            if bad:
+                raise ValueError(f"prompt holds token id {bad[0]}, outside {self.target.name}'s "
+                                 f"vocabulary 0..{vocab - 1}; encode the text with this model's tokenizer")
         if not ids:
             raise ValueError("prompt is empty: it encodes to no tokens")
         return ids

@@ -84,6 +84,8 @@ def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional
                 else:
                     draft_model = load_model(draft, backend=backend, num_hidden_layers=draft_layers)
         return SpeculativeDecoder(target_model, draft_model, drafter=drafter), backend
+    except typer.Exit:
+        raise
     except (ValueError, FileNotFoundError, PermissionError, OSError, RuntimeError, ImportError) as e:
         _fail(str(e))
 
@@ -355,6 +357,8 @@ def bench(
         _fail(f"--temperature must be >= 0, got {temperature}")
     if resume and force:
         _fail("--resume and --force contradict each other; choose one")
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        _fail(f"--out {out} is a file; give a directory (it is created if missing)")
     if draft is None and target in (None, registry.DEFAULT_TARGET):
         draft = registry.DEFAULT_DRAFT
     if draft in ("none", ""):
@@ -429,7 +433,11 @@ def audit(
     try:
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     except ValueError as e:
-        _fail(str(e))
+        _fail(f"{e} (--temperature, --top-k, --top-p)")
+    if not 0 < alpha_level < 1:
+        _fail(f"--alpha is a significance level and must be in (0, 1), e.g. 0.01; got {alpha_level}")
+    if not exact and not prompt.strip():
+        _fail("--prompt is empty: give the text the audited samples continue")
     if exact:
         p, q = A.seed_example()
         reports = A.audit_exact_rules(p, lambda: FixedPolicy(ModelDrafter(q), k), [0], n=3, k=k,

@@ -60,6 +60,12 @@ class HFModel(CausalLM):
             dtype = torch.bfloat16 if device == "cuda" else torch.float32
         kwargs = {"dtype": dtype}
         if num_hidden_layers is not None:
+            from transformers import AutoConfig
+
+            depth = getattr(AutoConfig.from_pretrained(path), "num_hidden_layers", None)
+            if depth is not None and not 1 <= num_hidden_layers <= depth:
+                raise ValueError(f"num_hidden_layers (--draft-layers) must be in 1..{depth} for {path}, "
+                                 f"got {num_hidden_layers}")
             kwargs["num_hidden_layers"] = num_hidden_layers
         from transformers.utils import logging as hf_logging
 
