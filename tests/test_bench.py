@@ -329,7 +329,9 @@ def test_cli_missing_dataset(tmp_path, monkeypatch):
 @pytest.mark.parametrize("args, match", [
     (["--alpha", "0"], "--alpha"), (["--alpha", "1.5"], "--alpha"),
     (["--prompt", "  "], "--prompt is empty"),
-    (["--temperature", "inf"], "--temperature"),
+    (["--temperature", "inf"], "--temperature must be finite"),
+    (["--top-p", "2"], "--top-p"),
+    (["--rules", ""], "--rules is empty"),
 ])
 def test_cli_audit_rejects_bad_options_before_loading_models(args, match):
     result = CliRunner().invoke(app, ["audit", "--target", "/nonexistent", *args])
@@ -343,3 +345,8 @@ def test_cli_draft_self_without_layers_is_one_clear_error():
     assert result.exit_code == 2
     out = " ".join(result.output.split())
     assert "--draft self needs --draft-layers N" in out and "error: 2" not in out
+
+
+def test_cli_generate_refuses_an_empty_stop_string_before_loading():
+    result = CliRunner().invoke(app, ["generate", "hi", "--target", "/nonexistent", "--stop", ""])
+    assert result.exit_code == 2 and "--stop needs a non-empty string" in result.output

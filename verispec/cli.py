@@ -22,6 +22,19 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def sampling_or_fail(temperature: float, top_k: int, top_p: float):
+    """SamplingConfig from the CLI options, or a clear error naming the option."""
+    from .sampling import SamplingConfig
+
+    try:
+        return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    except ValueError as e:
+        message = str(e)
+        for name, flag in (("temperature", "--temperature"), ("top_k", "--top-k"), ("top_p", "--top-p")):
+            message = message.replace(name, flag)
+        _fail(message)
+
+
 def parse_k(value: str) -> int | str:
     """'auto' or an integer >= 0, else a clear error naming --k."""
     if value == "auto":
@@ -140,18 +153,15 @@ def generate(
     compare: bool = typer.Option(False, "--compare", help="also run plain decoding and report the speedup"),
 ) -> None:
     """Generate text exactly as the target would, faster."""
-    from .sampling import SamplingConfig
 
     k_value = parse_k(k)
     if not prompt.strip():   # checked before loading models (seconds to minutes)
         _fail("PROMPT is empty: give some text to continue or answer")
     if max_new_tokens < 0:
         _fail(f"--max-new-tokens must be >= 0 (0 returns nothing), got {max_new_tokens}")
-    try:
-        SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    except ValueError as e:
-        _fail(str(e).replace("temperature", "--temperature", 1) if "temperature" in str(e)[:12]
-              else str(e).replace("top_k", "--top-k").replace("top_p", "--top-p"))
+    sampling_or_fail(temperature, top_k, top_p)
+    if stop and any(not s for s in stop):
+        _fail("--stop needs a non-empty string")
     decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers)
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, stop_strings=stop, use_chat_template=False if no_chat_template else None)
@@ -251,7 +261,6 @@ def analyze(
 ) -> None:
     """Measure α (per category, per draft position) and the cost curve; predict the speedup vs k."""
     from . import analyze as an
-    from .sampling import SamplingConfig
 
     if drafter not in ("model", "lookup"):
         _fail(f"--drafter must be model or lookup, got {drafter!r}")
@@ -262,8 +271,8 @@ def analyze(
             _fail(f"{name} must be >= {low}, got {value}")
     if stride is not None and stride < 1:
         _fail(f"--stride must be >= 1, got {stride}")
+    sampling = sampling_or_fail(temperature, top_k, top_p)
     try:
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
         prompt_list = an.load_prompts(prompts, per_category=per_category, raw_categories=raw_categories)
     except (ValueError, OSError) as e:
         _fail(str(e))
@@ -428,12 +437,8 @@ def audit(
     from .drafters.lookup import LookupDrafter
     from .drafters.model import ModelDrafter
     from .policy import FixedPolicy
-    from .sampling import SamplingConfig
 
-    try:
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    except ValueError as e:
-        _fail(f"{e} (--temperature, --top-k, --top-p)")
+    sampling = sampling_or_fail(temperature, top_k, top_p)
     if not 0 < alpha_level < 1:
         _fail(f"--alpha is a significance level and must be in (0, 1), e.g. 0.01; got {alpha_level}")
     if not exact and not prompt.strip():
@@ -451,6 +456,8 @@ def audit(
     if temperature == 0:
         _fail("--temperature must be > 0: greedy output is deterministic, compare it with generate --compare")
     wanted = [r.strip() for r in rules.split(",") if r.strip()]
+    if not wanted:
+        _fail("--rules is empty: name one or more of verispec, naive-agree, naive-always-accept, hf-assisted")
     unknown = set(wanted) - {"verispec", "naive-agree", "naive-always-accept", "hf-assisted"}
     if unknown:
         _fail(f"--rules: unknown {sorted(unknown)}; choose from verispec, naive-agree, "
