@@ -312,6 +312,8 @@ def test_resume_runs_only_missing_pairs_and_records_errors(tiny_decoder, dataset
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--draft", "none", "--methods", "verispec"], "needs a draft model"),
     (["--out", "pyproject.toml"], "--out pyproject.toml is a file"),
+    (["--temperature", "-1"], "--temperature must be finite and >= 0"),
+    (["--temperature", "inf"], "--temperature must be finite and >= 0"),
 ])
 def test_cli_rejects_bad_options_before_loading_models(dataset, args, match):
     result = CliRunner().invoke(app, ["bench", "--dataset", str(dataset), "--backend", "transformers",

@@ -153,7 +153,6 @@ def generate(
     compare: bool = typer.Option(False, "--compare", help="also run plain decoding and report the speedup"),
 ) -> None:
     """Generate text exactly as the target would, faster."""
-
     k_value = parse_k(k)
     if not prompt.strip():   # checked before loading models (seconds to minutes)
         _fail("PROMPT is empty: give some text to continue or answer")
@@ -362,8 +361,7 @@ def bench(
         max_new_tokens = 64 if quick else 128
     if max_new_tokens < 1:
         _fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0:
-        _fail(f"--temperature must be >= 0, got {temperature}")
+    sampling_or_fail(temperature, 0, 1.0)
     if resume and force:
         _fail("--resume and --force contradict each other; choose one")
     if out is not None and Path(out).exists() and not Path(out).is_dir():

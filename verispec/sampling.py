@@ -13,6 +13,7 @@ greedy decoding is the special case of sampling with point-mass p and q.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,8 +39,7 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if (not isinstance(self.temperature, (int, float)) or not self.temperature >= 0
-                or self.temperature == float("inf")):
+        if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature < math.inf:
             raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = no top-k filter), got {self.top_k!r}")
