@@ -1,0 +1,5 @@
+"""`python -m verispec.cli ...` runs the command line."""
+
+from . import app
+
+app()
