@@ -10,14 +10,14 @@ from verispec.audit import (
     AuditError, NAIVE_RULES, always_accept_verify, audit_exact, audit_exact_rules, audit_rules,
     audit_samples, decode_sampler, exact_distribution, exact_table, hf_assisted_sampler,
     marginal, naive_agree_verify, rule_samplers, seed_example, statistical_audit,
-    target_distribution, toy_fixed_model, toy_random_model, total_variation, using_verify,
+    target_distribution, toy_random_model, total_variation, as_rule,
 )
-from verispec.decoding import decode
+from verispec.decoding import Policy, decode
 from verispec.drafters.model import ModelDrafter
 from verispec.models.toy import FunctionModel
 from verispec.policy import FixedPolicy
-from verispec.sampling import SamplingConfig, TorchRandomness
-from verispec.verify import residual, verify
+from verispec.sampling import SamplingConfig, SeededRandomness
+from verispec.verify import residual
 
 TOL = 1e-12
 T1 = SamplingConfig(temperature=1.0)
@@ -85,7 +85,7 @@ def test_eos_inside_blocks(k):
     assert ended and all(1 not in s[:-1] for s in dist)   # nothing after EOS
 
 
-class CyclingPolicy:
+class CyclingPolicy(Policy):
     """k follows a cycle (0 = plain round); the loop must be exact whatever k is."""
 
     def __init__(self, drafter, ks):
@@ -181,16 +181,22 @@ def test_naive_rules_first_token_marginals_match_the_analysis():
     assert marginal(always, 1, 4) == pytest.approx(p, abs=1e-15)        # bonus from p
 
 
-def test_using_verify_restores_the_shipped_rule():
-    import verispec.decoding as decoding
+def test_the_rule_is_a_parameter_of_decode_not_a_patched_global():
+    """An injected rule is used for that call only: the next call runs the shipped one."""
+    target, draft = seed_example()
+    calls = []
 
-    with using_verify(always_accept_verify):
-        assert decoding.verify is always_accept_verify
-    assert decoding.verify is verify
-    with pytest.raises(RuntimeError):
-        with using_verify(always_accept_verify):
-            raise RuntimeError
-    assert decoding.verify is verify
+    def spy(p, q, x, u):
+        calls.append(int(x.shape[0]))
+        return always_accept_verify(p, q, x, u)
+
+    decode(target, [0], FixedPolicy(ModelDrafter(draft), 2), sampling=T1, max_new_tokens=4,
+           rng=SeededRandomness(0), rule=as_rule(spy))
+    assert calls and all(k > 0 for k in calls)
+    calls.clear()
+    decode(target, [0], FixedPolicy(ModelDrafter(draft), 2), sampling=T1, max_new_tokens=4,
+           rng=SeededRandomness(0))
+    assert calls == []
 
 
 def _rule(accept):

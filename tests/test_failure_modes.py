@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import verispec.decoding as decoding
-import verispec.drafters.model as drafter_module
 from verispec.audit import (
     AuditError, exact_distribution, marginal, target_distribution, toy_random_model,
     total_variation,
@@ -60,8 +59,8 @@ class RecordingDrafter(ModelDrafter):
         super().__init__(model)
         self.proposals = []
 
-    def propose(self, context, k, sampling, rng):
-        x, q = super().propose(context, k, sampling, rng)
+    def propose(self, context, k, sample):
+        x, q = super().propose(context, k, sample)
         self.proposals.append(list(x))
         return x, q
 
@@ -73,6 +72,8 @@ class ArgmaxDrafter:
     actually used, otherwise it (wrongly) reports its softmax as q."""
 
     name = "argmax"
+    point_mass = False
+    alpha_prior = 0.5
     forwards = 0
     seconds = 0.0
     catchup_seconds = 0.0
@@ -80,10 +81,13 @@ class ArgmaxDrafter:
     def __init__(self, model, honest):
         self.model, self.honest = model, honest
 
-    def propose(self, context, k, sampling, rng):
+    def available(self, context):
+        return 1 << 20
+
+    def propose(self, context, k, sample):
         xs, qs, ctx = [], [], list(context)
         for _ in range(k):
-            q = warp(self.model.fn(tuple(ctx)), sampling)
+            q = warp(self.model.fn(tuple(ctx)), sample.sampling)
             x = int(q.argmax())
             qs.append(torch.nn.functional.one_hot(torch.tensor(x), q.shape[-1]).to(q.dtype)
                       if self.honest else q)
@@ -108,8 +112,8 @@ def test_01_deterministic_drafter_must_report_a_point_mass():
 class MisreportingDrafter(ModelDrafter):
     """Samples x from its q but reports the q of another temperature."""
 
-    def propose(self, context, k, sampling, rng):
-        x, q = super().propose(context, k, sampling, rng)
+    def propose(self, context, k, sample):
+        x, q = super().propose(context, k, sample)
         return x, warp(torch.log(q) * 0.5, SamplingConfig(temperature=1.0))
 
 
@@ -152,8 +156,8 @@ def test_02b_the_warp_check_catches_p_left_unwarped(monkeypatch):
 class UnwarpedReportDrafter(ModelDrafter):
     """Draws from the warped q but reports the unwarped softmax (warp on one side only)."""
 
-    def propose(self, context, k, sampling, rng):
-        x, _ = super().propose(context, k, sampling, rng)
+    def propose(self, context, k, sample):
+        x, _ = super().propose(context, k, sample)
         ctx, qs = list(context), []
         for t in x:
             qs.append(self.model.fn(tuple(ctx)).softmax(-1))
@@ -232,17 +236,17 @@ class Script:
     def __init__(self, tokens, uniforms):
         self.tokens, self.uniforms, self.fallback = list(tokens), list(uniforms), TorchRandomness(0)
 
-    def categorical(self, probs):
+    def categorical(self, probs, position, stream="sample"):
         if self.tokens:
             t = self.tokens.pop(0)
             assert probs[t] > 0
             return t
-        return self.fallback.categorical(probs)
+        return self.fallback.categorical(probs, position, stream)
 
-    def uniform(self, n):
+    def uniform(self, n, position):
         if self.uniforms and n:
             return torch.tensor(self.uniforms.pop(0), dtype=torch.float32)
-        return self.fallback.uniform(n)
+        return self.fallback.uniform(n, position)
 
 
 def test_05b_in_the_loop_a_rejection_emits_two_tokens_and_no_bonus():

@@ -11,10 +11,17 @@ from verispec.sampling import SamplingConfig, TorchRandomness
 
 
 class FakeDrafter:
+    """Only what the policy reads of a drafter (the `Drafter` protocol's attributes)."""
+
     name = "model"
+    point_mass = False
+    alpha_prior = 0.6
     forwards = 0
     seconds = 0.0
     catchup_seconds = 0.0
+
+    def available(self, context):
+        return 1 << 20
 
 
 def record(k, accepted, alpha, t_target, t_draft_per_token, drafter="model"):

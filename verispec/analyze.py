@@ -45,15 +45,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from .decoding import decode
+from .decoding import decode, propose, score
+from .drafters.base import DraftSampler
 from .models.base import CausalLM
 from .policy import FixedPolicy
-from .sampling import Randomness, SamplingConfig, TorchRandomness, warp
+from .sampling import Randomness, SamplingConfig, SeededRandomness
 from .timing import Clock, time_forwards
 from .theory import (
     CostCurve,
@@ -61,7 +61,7 @@ from .theory import (
     optimal_k_constant,
     speedup_constant_cost,
 )
-from .verify import verify
+from .verify import alpha, min_one_p_over_q, standard
 
 __all__ = [
     "ENV_VAR", "MT_BENCH_CATEGORIES", "MULTI_TURN", "PLAIN_CATEGORY",
@@ -306,7 +306,7 @@ def measure_trajectory_alpha(
         sampling: warps applied to p and q (greedy by default).
         max_new_tokens: trajectory length budget.
         rng: randomness for the trajectory, the drafts and the empirical
-            accept test (default TorchRandomness(0)).
+            accept test (default SeededRandomness(0)).
         stride: evaluate every `stride` generated positions; None = about
             32 points (`default_stride`).
         trajectory: use these new tokens instead of generating them.
@@ -324,7 +324,7 @@ def measure_trajectory_alpha(
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ValueError("prompt is empty: give at least one token")
-    rng = rng if rng is not None else TorchRandomness(0)
+    rng = rng if rng is not None else SeededRandomness(0)
     if trajectory is None:
         result = decode(target, prompt, FixedPolicy(None, 0), sampling=sampling,
                         max_new_tokens=max_new_tokens, rng=rng)
@@ -340,27 +340,22 @@ def measure_trajectory_alpha(
         k = min(k_max, target.context_length - len(context))
         if k < 1:
             break
-        x, q = drafter.propose(context, k, sampling, rng)
-        x = [int(v) for v in x]
+        # the decode loop's own round, without committing: propose, then score
+        sample = DraftSampler(sampling, rng, t, standard.draft_stream, vocab)
+        x, q, _ = propose(drafter, context, k, sample)
         m = len(x)
         # at least m+1 uncached tokens, so the forward returns all m+1 rows
         target.truncate(min(len(target.tokens), len(context) - 1))
-        p = warp(target.sync(context + x, keep=m + 1), sampling)
+        p, _ = score(target, context, x, sampling)
         alphas = [0.0] * k_max
         accept_probs = [0.0] * k_max
         accepted = 0
         if m:
-            if q.shape[-1] < vocab:   # draft vocabulary is a prefix of the target's
-                q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
             q = q.to(p.dtype)
             xt = torch.tensor(x, dtype=torch.long)
-            a = torch.minimum(p[:m].double(), q.double()).sum(-1).clamp(0.0, 1.0)
-            px = p[:m].double().gather(-1, xt[:, None]).squeeze(-1)
-            qx = q.double().gather(-1, xt[:, None]).squeeze(-1)
-            r = torch.where(qx > 0, (px / qx.clamp_min(1e-300)).clamp(max=1.0), torch.zeros_like(px))
-            alphas[:m] = [float(v) for v in a]
-            accept_probs[:m] = [float(v) for v in r]
-            accepted, _ = verify(p, q, xt, rng.uniform(m))
+            alphas[:m] = [float(v) for v in alpha(p[:m].double(), q.double()).clamp(0.0, 1.0)]
+            accept_probs[:m] = min_one_p_over_q(p.double(), q.double(), xt)
+            accepted, _ = standard(p, q, xt, rng, t)
         drafter.rollback(context)
         points.append(PointRecord(t=t, proposed=m, alphas=alphas, accept_probs=accept_probs,
                                   accepted=int(accepted)))
@@ -545,7 +540,7 @@ def measure_cost_curve(
         for i in range(warmup + repeats):
             context = prefix + new[:i + 1]
             start = clock()
-            drafter.propose(context, max(k_max, 1), GREEDY, TorchRandomness(0))
+            drafter.propose(context, max(k_max, 1))
             elapsed = clock() - start
             if i >= warmup:
                 draft_samples.append(elapsed)
@@ -718,7 +713,7 @@ def _measure_points(target: CausalLM, drafter, ids: list[int], ks: Sequence[int]
     """Run plain and fixed-k decodes on one prompt; speedup = decode tokens/s over plain's."""
     # warm-up: prefill the target (and the draft), so no measured run pays a prefill
     decode(target, ids, FixedPolicy(None, 0), sampling=config.sampling, max_new_tokens=1,
-           rng=TorchRandomness(config.seed))
+           rng=SeededRandomness(config.seed))
     model = getattr(drafter, "model", None)
     if model is not None:
         model.sync(ids)
@@ -726,12 +721,12 @@ def _measure_points(target: CausalLM, drafter, ids: list[int], ks: Sequence[int]
     for k in [0, *ks]:
         policy = FixedPolicy(drafter if k else None, k)
         res = decode(target, ids, policy, sampling=config.sampling, max_new_tokens=config.max_new_tokens,
-                     rng=TorchRandomness(config.seed))
+                     rng=SeededRandomness(config.seed))
         s = res.stats
         seconds = s.wall_seconds - s.prefill_seconds
         rows.append({"k": k, "new_tokens": s.new_tokens, "seconds": seconds,
                      "tokens_per_second": s.new_tokens / seconds if seconds > 0 else None,
-                     "tau": s.tau, "acceptance_rate": s.acceptance_rate})
+                     "tau": s.tau, "draft_acceptance_rate": s.draft_acceptance_rate})
     base = rows[0]["tokens_per_second"]
     for r in rows:
         r["speedup"] = r["tokens_per_second"] / base if base and r["tokens_per_second"] else None
@@ -792,7 +787,7 @@ def run_analysis(
             drafter = LookupDrafter()
         traj = measure_trajectory_alpha(
             target, drafter, ids, k_max=K, sampling=config.sampling,
-            max_new_tokens=config.max_new_tokens, rng=TorchRandomness(config.seed + i), stride=config.stride)
+            max_new_tokens=config.max_new_tokens, rng=SeededRandomness(config.seed + i), stride=config.stride)
         records.setdefault(pr.category, []).extend(traj.points)
         if len(ids) + len(traj.tokens) > len(longest):
             longest = ids + traj.tokens

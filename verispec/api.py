@@ -14,11 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .decoding import DecodeResult, Stats, decode
-from .drafters.lookup import LookupDrafter
-from .drafters.model import ModelDrafter
+from .drafters import build_drafters, check_drafter_choice
+from .models import backend_class, check_backend
 from .models.base import CausalLM
 from .policy import make_policy
-from .sampling import SamplingConfig, TorchRandomness
+from .sampling import SamplingConfig, SeededRandomness
+from .verify import RULES, Rule, gumbel, standard
 
 
 class TokenizerMismatchError(ValueError):
@@ -40,29 +41,25 @@ def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: s
     Raises:
         UnknownModelError, FileNotFoundError, ChecksumError: from `verispec.registry`.
         ValueError: for an unknown backend.
+        ImportError: when the backend's package is not installed.
     """
     if isinstance(spec, CausalLM):
         return spec
     from . import registry
 
+    check_backend(backend)
     resolved = registry.resolve(spec, fetch_missing=fetch_missing)
+    cls = backend_class(backend)
     if backend == "transformers":
-        from .models.hf import HFModel
-
-        return HFModel.load(resolved.hf_path, name=resolved.name, device=device,
-                            num_hidden_layers=num_hidden_layers)
-    if backend == "llamacpp":
-        from .models.llamacpp import LlamaCppModel
-
-        if resolved.gguf_path is None:
-            raise ValueError(f"backend 'llamacpp' needs a GGUF file; {spec!r} has none "
-                             "(use a registered name or a .gguf path)")
-        if num_hidden_layers is not None:
-            raise ValueError("num_hidden_layers (--draft-layers) is only supported by the transformers backend")
-        tokenizer_path = resolved.hf_path if resolved.kind != "gguf_file" or resolved.hf_path else None
-        return LlamaCppModel.load(str(resolved.gguf_path), tokenizer_path=tokenizer_path,
-                                  name=resolved.name)
-    raise ValueError(f"backend must be 'transformers' or 'llamacpp', got {backend!r}")
+        return cls.load(resolved.hf_path, name=resolved.name, device=device,
+                        num_hidden_layers=num_hidden_layers)
+    if resolved.gguf_path is None:
+        raise ValueError(f"backend 'llamacpp' needs a GGUF file; {spec!r} has none "
+                         "(use a registered name or a .gguf path)")
+    if num_hidden_layers is not None:
+        raise ValueError("num_hidden_layers (--draft-layers) is only supported by the transformers backend")
+    tokenizer_path = resolved.hf_path if resolved.kind != "gguf_file" or resolved.hf_path else None
+    return cls.load(str(resolved.gguf_path), tokenizer_path=tokenizer_path, name=resolved.name)
 
 
 def check_compatible(target: CausalLM, draft: CausalLM) -> None:
@@ -119,27 +116,26 @@ class SpeculativeDecoder:
         target: model spec or `CausalLM` (see `load_model`).
         draft: draft model spec or `CausalLM`, sharing the target's tokenizer;
             None decodes without a draft model (plain, or prompt lookup).
-        drafter: "auto", "model", "lookup" or "none".
+        drafter: "auto" (every usable drafter), one name of
+            `verispec.drafters.DRAFTERS` ("model", "lookup"), or "none".
         backend, device: see `load_model`.
 
     Raises:
         TokenizerMismatchError: if the draft's tokenizer differs.
+        ValueError: naming `drafter` for an unknown drafter, or "model" without a draft.
     """
 
     def __init__(self, target: str | CausalLM, draft: str | CausalLM | None = None, *,
                  drafter: str = "auto", backend: str = "transformers",
                  device: str | None = None) -> None:
-        if drafter not in ("auto", "model", "lookup", "none"):
-            raise ValueError(f"drafter must be one of auto, model, lookup, none; got {drafter!r}")
+        check_drafter_choice(drafter, has_draft_model=draft is not None)
         self.target = load_model(target, backend=backend, device=device)
         self.draft = load_model(draft, backend=backend, device=device) if draft is not None else None
         if self.draft is not None:
             check_compatible(self.target, self.draft)
-        if drafter == "model" and self.draft is None:
-            raise ValueError("drafter='model' needs a draft model: pass draft=...")
         self.drafter = drafter
         self.tokenizer = self.target.tokenizer
-        self.drafters = self._drafters()
+        self.drafters = build_drafters(drafter, self.draft)
         self._auto_policy = None   # kept across calls: the cost curve is the machine's, not the prompt's
 
     def encode(self, prompt: str | Sequence[int], use_chat_template: bool | None = None) -> list[int]:
@@ -182,7 +178,7 @@ class SpeculativeDecoder:
 
     def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 k: int | str = "auto", seed: int | None = None,
+                 k: int | str = "auto", seed: int | None = None, rule: str | Rule = "auto",
                  stop_strings: Sequence[str] | None = None,
                  use_chat_template: bool | None = None,
                  on_text: Callable[[str], None] | None = None,
@@ -195,7 +191,13 @@ class SpeculativeDecoder:
             temperature: 0 = greedy; top_k (0 = off); top_p in (0, 1] (1 = off).
             k: draft length per round, >= 0 (0 = plain decoding), or "auto" to
                 choose it each round from measured α and costs.
-            seed: makes sampled output reproducible (a private generator per call).
+            seed: makes sampled output reproducible: every random number is keyed by
+                (seed, output position), so nothing about rounds, k, drafters or
+                earlier calls changes it. None draws a fresh seed, reported as
+                `stats.seed` so the sample can be replayed.
+            rule: the acceptance rule: "standard" (min(1, p/q)), "gumbel" (coupled:
+                output = the plain seeded sample for every k), a `Rule`, or "auto"
+                (see `resolve_rule`).
             stop_strings: generation ends after the token completing any of them.
             use_chat_template: None = apply when the tokenizer has one.
             on_text: called with each newly decoded piece of text (streaming).
@@ -227,23 +229,16 @@ class SpeculativeDecoder:
                 policy.calibrate(self.target, ids)   # once per decoder: this machine's cost curve
         else:
             policy = make_policy(k, self.drafters)
+        the_rule = resolve_rule(rule, k, self.drafters)
         stream = _TextStream(self.tokenizer, on_text) if on_text and self.tokenizer else None
         result: DecodeResult = decode(
             self.target, ids, policy, sampling=sampling, max_new_tokens=max_new_tokens,
-            rng=TorchRandomness(seed), stop=self._stopper(stop_strings),
+            rng=SeededRandomness(seed), rule=the_rule, stop=self._stopper(stop_strings),
             on_commit=stream.put if stream else None, observer=observer)
         if stream:
             stream.end()
         text = self.tokenizer.decode(result.tokens, skip_special_tokens=True) if self.tokenizer else ""
         return GenerationResult(text=text, token_ids=result.tokens, prompt_ids=ids, stats=result.stats)
-
-    def _drafters(self) -> dict:
-        drafters = {}
-        if self.draft is not None and self.drafter in ("auto", "model"):
-            drafters["model"] = ModelDrafter(self.draft)
-        if self.drafter in ("auto", "lookup"):
-            drafters["lookup"] = LookupDrafter()
-        return drafters
 
     def _stopper(self, stop_strings: Sequence[str] | None) -> Callable[[list[int]], bool] | None:
         if not stop_strings:
@@ -257,6 +252,37 @@ class SpeculativeDecoder:
             return any(s in tail for s in stop_strings)
 
         return stop
+
+
+def resolve_rule(rule: str | Rule, k: int | str, drafters: dict) -> Rule:
+    """The acceptance rule a generation uses.
+
+    "auto" picks the coupled rule (`gumbel`) whenever the output must not depend on
+    which positions were drafted: with k = "auto" (the policy's choices depend on
+    measured times and on earlier calls) and whenever every drafter in use is a
+    point mass (prompt lookup: there the coupled rule accepts with the standard
+    rule's probability p(x), so it costs nothing). With a fixed k and a draft model
+    it picks `standard`, which accepts more (α = Σ min(p, q)) and is reproducible
+    for the same (seed, k, drafter).
+
+    Args:
+        rule: "auto", a name in `verispec.verify.RULES`, or a `Rule`.
+        k: the generation's k (an integer or "auto").
+        drafters: name -> drafter in use.
+
+    Raises:
+        ValueError: naming `rule` when it is unknown.
+    """
+    if not isinstance(rule, str):
+        return rule
+    if rule == "auto":
+        if k == "auto":
+            return gumbel
+        first = next(iter(drafters.values()), None)   # a fixed k drafts with the first one
+        return gumbel if first is None or first.point_mass else standard
+    if rule not in RULES:
+        raise ValueError(f"rule must be auto or one of {', '.join(RULES)}, got {rule!r}")
+    return RULES[rule]
 
 
 class _TextStream:

@@ -32,11 +32,12 @@ Two complementary checks that speculative decoding samples exactly from the targ
    to its end and gives the same result, only slower). Every distinct state is still
    produced by the real loop at least once.
 
-   Alternative acceptance rules are evaluated through the same loop by swapping the
-   function `decode` calls: ``with using_verify(fn): ...`` patches
-   ``verispec.decoding.verify`` (this is the audit's only way to inject a rule; the
-   core is not modified). `naive_agree_verify` ("accept only when draft and target
-   agree") and `always_accept_verify` are the two classic shortcuts; both are biased.
+   Alternative acceptance rules are evaluated through the same loop by passing them
+   to `decode` as its ``rule`` (a `verispec.verify.Rule`, or a pure verify function
+   ``fn(p, q, x, u) -> (n, dist)`` wrapped as a `UniformRule`). `naive_agree_verify`
+   ("accept only when draft and target agree") and `always_accept_verify` are the
+   two classic shortcuts; both are biased. Rules that draw no uniforms (the coupled
+   `gumbel` rule) are enumerated through their categorical draws alone.
 
 2. **Statistical audit of real runs** (`statistical_audit`). Any two samplers
    ``(seed: int) -> list[int]`` (the first m new token ids of one generation) can be
@@ -66,18 +67,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import decoding as _decoding
 from .decoding import RoundRecord, decode
-from .drafters.model import ModelDrafter
 from .models.base import CausalLM
 from .models.toy import FunctionModel, log_probs
 from .policy import FixedPolicy
-from .sampling import SamplingConfig, TorchRandomness, warp
-from .verify import acceptance_rate, verify
+from .sampling import SamplingConfig, SeededRandomness, warp
+from .verify import Rule, UniformRule, alpha, standard
 
 __all__ = [
     "AuditError", "ExactReport", "AuditReport", "HomogeneityResult",
-    "using_verify", "naive_agree_verify", "always_accept_verify", "NAIVE_RULES",
+    "as_rule", "naive_agree_verify", "always_accept_verify", "NAIVE_RULES",
     "exact_distribution", "target_distribution", "total_variation", "marginal",
     "audit_exact", "audit_exact_rules", "exact_table",
     "statistical_audit", "audit_samples", "audit_rules", "draw_samples",
@@ -97,26 +96,16 @@ class AuditError(AssertionError):
 # Injecting alternative acceptance rules
 # ----------------------------------------------------------------------------------------
 
-@contextmanager
-def using_verify(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                              tuple[int, torch.Tensor]]) -> Iterator[None]:
-    """Make `decode` call `fn` instead of the shipped `verispec.verify.verify`.
-
-    This is how the audit evaluates alternative acceptance rules through the
-    shipped loop without editing it: it patches the name ``verify`` that
-    ``verispec.decoding`` looks up at call time, and restores it on exit (also on
-    error). Not thread-safe: do not run other decodes concurrently.
-
-    Args:
-        fn: same signature and contract as `verispec.verify.verify`:
-            ``fn(p [k+1, V], q [k, V], x [k], u [k]) -> (n, dist)``.
-    """
-    saved = _decoding.verify
-    _decoding.verify = fn
-    try:
-        yield
-    finally:
-        _decoding.verify = saved
+def as_rule(rule: Rule | Callable | None, name: str | None = None) -> Rule:
+    """A `Rule` from a rule, a pure verify function ``fn(p, q, x, u) -> (n, dist)``
+    (wrapped as a `UniformRule` with its ``acceptance_probs`` attribute, if any), or
+    None (the shipped standard rule)."""
+    if rule is None:
+        return standard
+    if hasattr(rule, "draft_stream"):
+        return rule
+    return UniformRule(rule, name or getattr(rule, "__name__", "custom"),
+                       getattr(rule, "acceptance_probs", None))
 
 
 def naive_agree_verify(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
@@ -156,9 +145,9 @@ always_accept_verify.acceptance_probs = (  # type: ignore[attr-defined]
     lambda p, q, x: [1.0] * int(x.shape[0]))
 
 #: The classic shortcuts, by the names the reports and the CLI use.
-NAIVE_RULES: dict[str, Callable] = {
-    "naive-agree": naive_agree_verify,
-    "naive-always-accept": always_accept_verify,
+NAIVE_RULES: dict[str, Rule] = {
+    "naive-agree": as_rule(naive_agree_verify, "naive-agree"),
+    "naive-always-accept": as_rule(always_accept_verify, "naive-always-accept"),
 }
 
 
@@ -268,8 +257,8 @@ def _above(a: float) -> float:
 def _record_alphas(record: RoundRecord) -> tuple[list[float], list[float]]:
     """(α_i, 1 − α_i) from a round's p_i(x_i), q_i(x_i), for the shipped rule u·q < p."""
     px, qx = record.px, record.qx
-    # min(p_i(x_i), q_i(x_i)) per position: the one-token case of acceptance_rate
-    mins = acceptance_rate(px[:, None], qx[:, None]).tolist()
+    # min(p_i(x_i), q_i(x_i)) per position: the one-token case of α
+    mins = alpha(px[:, None], qx[:, None]).tolist()
     acc, rej = [], []
     for p_i, q_i, m_i in zip(px.tolist(), qx.tolist(), mins):
         if q_i > 0:
@@ -286,11 +275,13 @@ class _Enumerator:
 
     def __init__(self, run: Callable[["_Enumerator"], list[int]], *,
                  alphas_fn: Callable | None, memo: bool, representatives: str,
-                 max_paths: int, collapse: bool = True) -> None:
+                 max_paths: int, collapse: bool = True, uniforms: bool = True) -> None:
         if representatives not in ("boundary", "extreme"):
             raise ValueError(f"representatives must be 'boundary' or 'extreme', got {representatives!r}")
         self.run = run
         self.alphas_fn = alphas_fn          # None: from the RoundRecord (shipped rule)
+        self.uniforms = uniforms            # does the rule draw uniforms in drafting rounds?
+        self.rule_name = "rule"
         self.memo = memo
         self.collapse = collapse
         self.boundary = representatives == "boundary"
@@ -311,7 +302,7 @@ class _Enumerator:
         self.captured: tuple | None = None
 
     # -- the scripted Randomness ----------------------------------------------------------
-    def categorical(self, probs: torch.Tensor) -> int:
+    def categorical(self, probs: torch.Tensor, position: int = 0, stream: str = "sample") -> int:
         d = self.cursor
         if d < len(self.stack):
             node = self.stack[d]
@@ -332,7 +323,7 @@ class _Enumerator:
         self.cursor = d + 1
         return tok
 
-    def uniform(self, n: int) -> torch.Tensor:
+    def uniform(self, n: int, position: int = 0) -> torch.Tensor:
         if n == 0:
             return torch.zeros(0)
         d = self.cursor
@@ -368,19 +359,28 @@ class _Enumerator:
         return torch.tensor(u, dtype=torch.float32)
 
     # -- decode hooks ----------------------------------------------------------------------
-    def capture_verify(self, fn: Callable) -> Callable:
-        def wrapped(p, q, x, u):
-            self.captured = (p, q, x)
-            return fn(p, q, x, u)
-        return wrapped
+    def capture(self, rule: Rule) -> Rule:
+        """`rule`, recording the (p, q, x) of each call for `alphas_fn`."""
+        enum = self
+
+        class Captured:
+            name, draft_stream, uses_uniforms = rule.name, rule.draft_stream, rule.uses_uniforms
+
+            def __call__(self, p, q, x, rng, position):
+                enum.captured = (p, q, x)
+                return rule(p, q, x, rng, position)
+
+        return Captured()
 
     def observer(self, record: RoundRecord) -> None:
         self.history.append((record.k, record.accepted))
         node, depth, self.pending = self.pending, self.pending_depth, None
         captured, self.captured = self.captured, None
-        if record.k == 0:
+        if record.k == 0 or not self.uniforms:
             if node is not None:
-                raise AuditError("a uniform draw was made in a round that drafted nothing")
+                raise AuditError("a uniform draw was made in a round that drafted nothing"
+                                 if record.k == 0 else
+                                 f"rule {self.rule_name!r} declares uses_uniforms=False but drew uniforms")
             return
         if node is None or node.size != record.k:
             raise AuditError(f"round drafted k={record.k} but drew "
@@ -392,8 +392,7 @@ class _Enumerator:
                 acc, rej = _record_alphas(record)
             else:
                 if captured is None:
-                    raise AuditError("decode did not call verispec.decoding.verify, so the "
-                                     "injected rule was not used")
+                    raise AuditError("decode did not call the rule it was given")
                 p, q, x = captured
                 acc = [float(a) for a in self.alphas_fn(p, q, x)]
                 rej = [1.0 - a for a in acc]
@@ -586,7 +585,7 @@ def exact_distribution(
     n: int,
     k: int | None = None,
     sampling: SamplingConfig = SamplingConfig(),
-    verify_fn: Callable | None = None,
+    rule: Rule | Callable | None = None,
     *,
     stop: Callable[[list[int]], bool] | None = None,
     memo: bool = True,
@@ -607,11 +606,11 @@ def exact_distribution(
         n: max_new_tokens.
         k: draft length when a drafter is given (ignored for a policy factory).
         sampling: warps for p and q.
-        verify_fn: acceptance rule to inject with `using_verify` (None: the shipped
-            `verify`, not patched). If it has an ``acceptance_probs(p, q, x)``
-            attribute (per-position P(accept x_i), accepting iff u_i < that), the
-            pattern weights come from it; otherwise the rule is audited against
-            min(1, p/q).
+        rule: the acceptance rule `decode` runs (see `as_rule`; None: the shipped
+            standard rule). If it has ``acceptance_probs(p, q, x)`` (per-position
+            P(accept x_i), accepting iff u_i < that), the pattern weights come from
+            it; otherwise the rule is audited against min(1, p/q). A rule with
+            ``uses_uniforms = False`` is enumerated through its categorical draws.
         stop: passed to `decode`.
         memo: merge paths at identical round-boundary states (module doc).
         collapse_drafts: when a round's categorical draws are exactly its k drafts
@@ -633,22 +632,24 @@ def exact_distribution(
     start = time.perf_counter()
     make_policy = _policy_factory(drafter_or_policy_factory, k)
     prompt = list(prompt)
-    alphas_fn = getattr(verify_fn, "acceptance_probs", None) if verify_fn is not None else None
+    the_rule = as_rule(rule)
+    alphas_fn = getattr(the_rule, "acceptance_probs", None) if the_rule is not standard else None
     enum = _Enumerator(lambda e: None, alphas_fn=alphas_fn, memo=memo,
                        representatives=representatives, max_paths=max_paths,
-                       collapse=collapse_drafts)
+                       collapse=collapse_drafts, uniforms=the_rule.uses_uniforms)
+    enum.rule_name = the_rule.name
+    run_rule = enum.capture(the_rule)
 
     def run(e: _Enumerator):
         policy = make_policy()
         key_fn = _state_key(policy)
         e.state_key = lambda: key_fn(e.history)
         result = decode(target, prompt, policy, sampling=sampling, max_new_tokens=n, rng=e,
-                        stop=stop, observer=e.observer, on_commit=e.on_commit)
+                        rule=run_rule, stop=stop, observer=e.observer, on_commit=e.on_commit)
         return result.tokens
 
     enum.run = run
-    ctx = using_verify(enum.capture_verify(verify_fn)) if verify_fn is not None else nullcontext()
-    with ctx, _single_thread():
+    with _single_thread():
         dist = enum.enumerate()
     if stats is not None:
         stats.update(replays=enum.replays, probes=enum.probes, merges=enum.merges,
@@ -777,28 +778,28 @@ class ExactReport:
 
 def audit_exact(target: CausalLM, drafter_or_policy_factory, prompt: Sequence[int], n: int,
                 k: int | None = None, sampling: SamplingConfig = SamplingConfig(),
-                verify_fn: Callable | None = None, *, rule: str | None = None,
+                rule: Rule | Callable | None = None, *, name: str | None = None,
                 tol: float = 1e-12, reference: Distribution | None = None,
                 **kwargs) -> ExactReport:
     """Enumerate the loop and the target alone exactly and compare them.
 
     Args: as `exact_distribution`; `reference` reuses a target distribution
-    computed before; `rule` names the report (default "verispec", or the
-    injected function's name). Extra keyword arguments go to `exact_distribution`.
+    computed before; `name` names the report (default "verispec" for the shipped
+    standard rule, else the rule's name). Extra keyword arguments go to
+    `exact_distribution`.
 
     Returns:
         `ExactReport`; an `AuditError` becomes verdict "inconsistent".
     """
-    name = rule or ("verispec" if verify_fn is None else
-                    next((r for r, f in NAIVE_RULES.items() if f is verify_fn),
-                         getattr(verify_fn, "__name__", "custom")))
+    the_rule = as_rule(rule)
+    name = name or ("verispec" if the_rule is standard else the_rule.name)
     if reference is None:
         reference = target_distribution(target, prompt, n, sampling)
     stats: dict = {}
     base = dict(rule=name, n=n, k=k, vocab_size=target.vocab_size, tol=tol)
     try:
         dist = exact_distribution(target, drafter_or_policy_factory, prompt, n, k, sampling,
-                                  verify_fn, stats=stats, **kwargs)
+                                  the_rule, stats=stats, **kwargs)
     except AuditError as err:
         return ExactReport(tv=float("nan"), n_sequences=0, verdict="inconsistent",
                            detail=str(err), **base)
@@ -812,14 +813,14 @@ def audit_exact(target: CausalLM, drafter_or_policy_factory, prompt: Sequence[in
 
 def audit_exact_rules(target: CausalLM, drafter_or_policy_factory, prompt: Sequence[int], n: int,
                       k: int | None = None, sampling: SamplingConfig = SamplingConfig(), *,
-                      rules: dict[str, Callable | None] | None = None,
+                      rules: dict[str, Rule | Callable | None] | None = None,
                       tol: float = 1e-12) -> list[ExactReport]:
     """`audit_exact` for verispec's rule and each naive shortcut (or `rules`), one reference."""
     rules = rules if rules is not None else {"verispec": None, **NAIVE_RULES}
     reference = target_distribution(target, prompt, n, sampling)
-    return [audit_exact(target, drafter_or_policy_factory, prompt, n, k, sampling, fn,
-                        rule=name, tol=tol, reference=reference)
-            for name, fn in rules.items()]
+    return [audit_exact(target, drafter_or_policy_factory, prompt, n, k, sampling, rule,
+                        name=name, tol=tol, reference=reference)
+            for name, rule in rules.items()]
 
 
 def exact_table(reports: Sequence[ExactReport], title: str = "Exact enumeration audit"):
@@ -1148,14 +1149,14 @@ def audit_rules(samplers: dict[str, Sampler], n_samples: int, m: int, alpha_leve
 
 def decode_sampler(target: CausalLM, drafter_or_policy_factory, prompt: Sequence[int], m: int,
                    sampling: SamplingConfig, k: int | None = None,
-                   verify_fn: Callable | None = None) -> Sampler:
+                   rule: Rule | Callable | None = None) -> Sampler:
     """A sampler ``seed -> first m new tokens`` running the shipped `decode`.
 
     Args:
         drafter_or_policy_factory: as in `exact_distribution` (None: target alone).
-        verify_fn: an alternative acceptance rule injected with `using_verify`
-            for the duration of each call (None: the shipped rule).
+        rule: the acceptance rule (see `as_rule`; None: the shipped standard rule).
     """
+    the_rule = as_rule(rule)
     make_policy = _policy_factory(drafter_or_policy_factory, k)
     prompt = list(prompt)
 
@@ -1163,9 +1164,9 @@ def decode_sampler(target: CausalLM, drafter_or_policy_factory, prompt: Sequence
     threads = _single_thread if isinstance(target, FunctionModel) else nullcontext
 
     def sample(seed: int) -> list[int]:
-        with using_verify(verify_fn) if verify_fn is not None else nullcontext(), threads():
+        with threads():
             return decode(target, prompt, make_policy(), sampling=sampling, max_new_tokens=m,
-                          rng=TorchRandomness(seed)).tokens
+                          rng=SeededRandomness(seed), rule=the_rule).tokens
 
     return sample
 
@@ -1178,8 +1179,8 @@ def rule_samplers(target: CausalLM, drafter_or_policy_factory, prompt: Sequence[
     """
     out = {"target": decode_sampler(target, None, prompt, m, sampling),
            "verispec": decode_sampler(target, drafter_or_policy_factory, prompt, m, sampling, k)}
-    for name, fn in NAIVE_RULES.items():
-        out[name] = decode_sampler(target, drafter_or_policy_factory, prompt, m, sampling, k, fn)
+    for name, rule in NAIVE_RULES.items():
+        out[name] = decode_sampler(target, drafter_or_policy_factory, prompt, m, sampling, k, rule)
     return out
 
 

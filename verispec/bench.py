@@ -392,14 +392,6 @@ def _backend_of(model) -> str:
     return getattr(model, "backend", None) or type(model).__name__
 
 
-def _hard_reset(model) -> None:
-    """Empty a model's KV cache even if an exception left it out of step with `tokens`."""
-    try:
-        model._truncate(0)
-    finally:
-        model.tokens.clear()
-
-
 class _ForwardCounter:
     """Counts calls of an nn.Module (HF generate's model forwards) while active."""
 
@@ -443,7 +435,7 @@ def _verispec_run(decoder, ids: list[int], spec: MethodSpec, max_new_tokens: int
         "decode_seconds": s.wall_seconds, "prefill_seconds": s.prefill_seconds,
         "target_seconds": s.target_seconds, "draft_seconds": s.draft_seconds,
         "target_forwards": s.target_forwards, "draft_forwards": s.draft_forwards,
-        "tau": s.tau, "acceptance_rate": s.acceptance_rate, "alpha_exact": s.alpha_exact,
+        "tau": s.tau, "acceptance_rate": s.draft_acceptance_rate, "alpha_exact": s.alpha_exact,
         "drafted": s.drafted, "accepted": s.accepted, "alpha_sum": s.alpha_sum,
         "reached": list(s.reached), "per_position_acceptance": s.per_position_acceptance,
         "k_hist": dict(sorted(k_hist.items())), "by_drafter": s.by_drafter,
@@ -708,7 +700,7 @@ def _reset_all(*models) -> None:
     for model in models:
         if model is not None:
             try:
-                _hard_reset(model)
+                model.reset()
             except Exception:  # noqa: BLE001 - best effort after a failure
                 pass
 

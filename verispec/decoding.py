@@ -1,12 +1,14 @@
 """The speculative decode loop: draft k, verify in one target forward, commit, roll back.
 
-One round, in the paper's notation (Leviathan et al. 2023, Algorithm 1):
+One round, in the paper's notation (Leviathan et al. 2023, Algorithm 1), at output
+position t = |S| - |prompt|:
 
-    x_1..x_k, q_1..q_k  <- drafter.propose(S, k)          (k = 0: plain decoding)
-    p_1..p_{k+1}        <- warp(target(S[-1], x_1..x_k))  (one forward, k+1 positions)
-    n, dist             <- verify(p, q, x, u)
-    S                   <- S + x_1..x_n + [y ~ dist]      (cut at EOS / budget / stop string)
-    caches              <- truncated to the committed sequence
+    drafter, k          <- policy.choose(S)                (k = 0: plain decoding)
+    x_1..x_k, q_1..q_k  <- drafter.propose(S, k)
+    p_1..p_{k+1}        <- warp(target(S[-1], x_1..x_k))   (one forward, k+1 positions)
+    n, y                <- rule(p, q, x, randomness at t)  (n accepted, then y)
+    S                   <- S + x_1..x_n + [y]              (cut at EOS / budget / stop string)
+    caches              <- truncated to the committed sequence; stats; policy.observe
 
 Invariant between rounds: the target's cache holds S[:-1]; the last committed
 token is fed at the start of the next verification forward.
@@ -21,44 +23,10 @@ from typing import Protocol
 
 import torch
 
+from .drafters.base import Drafter, DraftSampler, point_masses
 from .models.base import CausalLM
 from .sampling import Randomness, SamplingConfig, warp
-from .verify import acceptance_rate, verify
-
-
-class Drafter(Protocol):
-    """Proposes draft tokens with the exact distribution q each was drawn from.
-
-    Attributes:
-        name: label in statistics ("model", "lookup", ...).
-        forwards: draft-model forwards run so far (0 for model-free drafters).
-        seconds: wall seconds spent drafting so far.
-        catchup_seconds: the part of `seconds` spent feeding the draft context
-            it missed (the prompt, tokens of plain rounds): a one-off cost, not
-            a per-draft-token one.
-    """
-
-    name: str
-    forwards: int
-    seconds: float
-    catchup_seconds: float
-
-    def propose(self, context: list[int], k: int, sampling: SamplingConfig,
-                rng: Randomness) -> tuple[list[int], torch.Tensor]:
-        """Draft up to k tokens after `context` (committed token ids, len >= 1).
-
-        Returns:
-            (x, q): x, a list of k' <= k token ids (k' = 0: nothing to propose);
-            q, a [k', V'] float32 tensor whose row i is the exact warped
-            distribution x_i was drawn from (a point mass for deterministic
-            drafters); V' may be a prefix of the target's vocabulary (decode
-            zero-pads it).
-        """
-        ...
-
-    def rollback(self, committed: list[int]) -> None:
-        """Forget drafted tokens that were not committed (`committed`: token ids)."""
-        ...
+from .verify import Rule, alpha, standard
 
 
 @dataclass
@@ -98,17 +66,23 @@ class RoundRecord:
 
 
 class Policy(Protocol):
-    """Chooses the drafter and k each round (see `verispec.policy`)."""
+    """Chooses the drafter and k each round (see `verispec.policy`).
+
+    Subclass it to inherit the default `verify_width`.
+    """
 
     def choose(self, seq: Sequence[int]) -> tuple[Drafter | None, int]:
         """(drafter, k) for the next round, given the committed tokens."""
         ...
 
-    def observe(self, record: RoundRecord) -> None: ...
+    def observe(self, record: RoundRecord) -> None:
+        """Learn from the round just finished."""
+        ...
 
-    # Optional: verify_width(n) -> int, the number of tokens (>= n) to run the
-    # verification forward over when n = k + 1 are needed (filler rows after the
-    # drafts, discarded). `decode` uses it when the policy has it.
+    def verify_width(self, n: int) -> int:
+        """Tokens (>= n) to run the verification forward over when n = k + 1 are
+        needed: filler rows after the drafts, discarded (see `decode`). Default n."""
+        return n
 
 
 @dataclass
@@ -132,15 +106,20 @@ class Stats:
     draft_seconds: float = 0.0
     finish_reason: str = ""
     by_drafter: dict[str, dict[str, int]] = field(default_factory=dict)
+    seed: int | None = None       # the randomness's seed (replays the sample)
+    rule: str = ""                # the acceptance rule's name
 
     @property
-    def acceptance_rate(self) -> float | None:
-        """α̂ = accepted / drafted (None when nothing was drafted)."""
+    def draft_acceptance_rate(self) -> float | None:
+        """α̂ = accepted / drafted, the draft acceptance rate (None when nothing was drafted).
+
+        A noisy estimate of α; see `alpha_exact`.
+        """
         return self.accepted / self.drafted if self.drafted else None
 
     @property
     def alpha_exact(self) -> float | None:
-        """Mean of Σ_x min(p, q) over verified draft positions (lower variance than α̂)."""
+        """α: mean of Σ_x min(p, q) over verified draft positions (lower variance than α̂)."""
         n = sum(self.reached)
         return self.alpha_sum / n if n else None
 
@@ -184,11 +163,16 @@ class Stats:
         d["tokens"] += r.committed
 
     def as_dict(self) -> dict:
-        """All counters and derived figures, JSON-ready."""
+        """All counters and derived figures, JSON-ready.
+
+        ``acceptance_rate`` is kept as an alias of ``draft_acceptance_rate`` (α̂), the
+        key earlier releases wrote, so saved results and scripts keep working.
+        """
         out = {k: v for k, v in self.__dict__.items()}
-        for name in ("acceptance_rate", "alpha_exact", "tau", "tokens_per_second",
+        for name in ("draft_acceptance_rate", "alpha_exact", "tau", "tokens_per_second",
                      "per_position_acceptance", "overhead_seconds"):
             out[name] = getattr(self, name)
+        out["acceptance_rate"] = out["draft_acceptance_rate"]
         return out
 
 
@@ -196,6 +180,65 @@ class Stats:
 class DecodeResult:
     tokens: list[int]   # new tokens only
     stats: Stats
+
+
+def propose(drafter: Drafter, seq: list[int], k: int,
+            sample: DraftSampler) -> tuple[list[int], torch.Tensor, dict[str, float]]:
+    """Ask `drafter` for up to k drafts after `seq` and account for its cost.
+
+    Args:
+        drafter: any `Drafter`.
+        seq: committed tokens, prompt included.
+        k: the most drafts wanted, >= 1.
+        sample: the round's `DraftSampler` (its vocabulary is the target's V).
+
+    Returns:
+        (x, q, cost): k' <= k draft ids; q, [k', V] float (one-hot rows for a
+        point-mass drafter); cost, the drafter's forwards and seconds this round
+        ({"forwards", "seconds", "catchup_seconds"}: `seconds` excludes the catch-up).
+    """
+    forwards, seconds, catchup = drafter.forwards, drafter.seconds, drafter.catchup_seconds
+    x, q = drafter.propose(seq, k, sample)
+    x = [int(t) for t in x]
+    if q is None:
+        q = point_masses(x, sample.vocab_size)
+    catchup = drafter.catchup_seconds - catchup
+    return x, q, {"forwards": drafter.forwards - forwards, "catchup_seconds": catchup,
+                  "seconds": drafter.seconds - seconds - catchup}
+
+
+def score(target: CausalLM, seq: list[int], x: list[int], sampling: SamplingConfig,
+          width: int | None = None) -> tuple[torch.Tensor, float]:
+    """One verification forward: the target's warped p_1..p_{k+1} after seq + x.
+
+    Rows after x_k (up to `width` - k - 1 filler copies of x_k) may be added when a
+    wider forward is cheaper on this hardware (CPU GEMM kernels: 8 rows can cost
+    less than 3). Attention is causal, so rows after x_k change nothing before them;
+    they are discarded here and their cache entries by the caller's truncate.
+
+    Args:
+        target: the target model; its cache must hold a prefix of seq[:-1].
+        seq: committed tokens, len >= 1.
+        x: k draft ids (may be empty).
+        sampling: the warps (the same the drafts got).
+        width: tokens to score, >= k + 1 (default k + 1).
+
+    Returns:
+        (p, seconds): p [k+1, V] float32 (float64 for float64 models), row i the
+        target's distribution after seq + x_1..x_i; seconds, the forward's wall time.
+
+    Raises:
+        RuntimeError: if the target returns another number of rows than scored
+            (a backend whose cache is out of step with its `tokens`).
+    """
+    k = len(x)
+    width = max(k + 1, width or 0)
+    before = target.forward_seconds
+    logits = target.sync(seq + x + x[-1:] * (width - k - 1), keep=width)
+    if logits.shape[0] != width:
+        raise RuntimeError(f"{target.name}: verification returned {logits.shape[0]} rows for "
+                           f"{width} positions; its cache is out of step")
+    return warp(logits[:k + 1], sampling), target.forward_seconds - before
 
 
 def decode(
@@ -206,6 +249,7 @@ def decode(
     sampling: SamplingConfig,
     max_new_tokens: int,
     rng: Randomness,
+    rule: Rule = standard,
     stop: Callable[[list[int]], bool] | None = None,
     on_commit: Callable[[list[int]], None] | None = None,
     observer: Callable[[RoundRecord], None] | None = None,
@@ -218,7 +262,9 @@ def decode(
         policy: picks (drafter, k) each round; k = 0 or drafter None is a plain step.
         sampling: warps shared by p and q; temperature 0 is greedy.
         max_new_tokens: exact budget (a block is never allowed to exceed it).
-        rng: all randomness (draft samples, uniforms, residual/bonus draws).
+        rng: all randomness, keyed by output position (draft samples, uniforms,
+            recovered/bonus draws).
+        rule: the acceptance rule (`verispec.verify.RULES`); default min(1, p/q).
         stop: called with the new tokens after each committed token; True ends
             generation right after that token (stop strings).
         on_commit: called with each round's committed tokens (streaming).
@@ -240,7 +286,7 @@ def decode(
     if len(prompt) >= target.context_length:
         raise ValueError(f"prompt has {len(prompt)} tokens but {target.name}'s context length is "
                          f"{target.context_length}; shorten the prompt")
-    stats = Stats()
+    stats = Stats(seed=getattr(rng, "seed", None), rule=rule.name)
     start = time.perf_counter()
     seq, out = list(prompt), []
     target.rollback_to(seq)
@@ -248,8 +294,7 @@ def decode(
         t = time.perf_counter()
         target.forward(seq[len(target.tokens):-1], keep=1)
         stats.prefill_seconds = time.perf_counter() - t
-    vocab = target.vocab_size
-    eos = target.eos_token_ids
+    vocab, eos = target.vocab_size, target.eos_token_ids
 
     while len(out) < max_new_tokens:
         room = target.context_length - len(seq)
@@ -258,41 +303,21 @@ def decode(
             break
         drafter, k = policy.choose(seq)
         k = max(0, min(k, max_new_tokens - len(out) - 1, room - 1)) if drafter is not None else 0
-        x, q, t_draft, t_catchup = [], None, 0.0, 0.0
-        if k > 0:
-            forwards, seconds, catchup = drafter.forwards, drafter.seconds, drafter.catchup_seconds
-            x, q = drafter.propose(seq, k, sampling, rng)
-            stats.draft_forwards += drafter.forwards - forwards
-            stats.draft_seconds += drafter.seconds - seconds
-            t_catchup = drafter.catchup_seconds - catchup
-            t_draft = drafter.seconds - seconds - t_catchup
-        k = len(x)
+        x, q, cost = [], None, {"forwards": 0, "seconds": 0.0, "catchup_seconds": 0.0}
         if k:
-            if q.shape[-1] < vocab:   # draft vocabulary is a prefix of the target's
-                q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
-
-        # Optionally widen the verification forward with filler rows after the drafts
-        # when a wider batch is cheaper on this hardware (CPU GEMM kernels: 8 rows can
-        # cost less than 3). Attention is causal, so rows after x_k change nothing
-        # before them; their cache entries are dropped by the truncate below.
-        width = k + 1
-        if k and hasattr(policy, "verify_width"):
-            width = max(k + 1, min(int(policy.verify_width(k + 1)), room))
-        t_target = target.forward_seconds
-        logits = target.sync(seq + x + [x[-1]] * (width - k - 1) if k else seq, keep=width)
-        t_target = target.forward_seconds - t_target
-        if logits.shape[0] != width:
-            raise RuntimeError(f"{target.name}: verification returned {logits.shape[0]} rows for "
-                               f"{width} positions; its cache is out of step")
-        logits = logits[:k + 1]
-        p = warp(logits, sampling)
+            sample = DraftSampler(sampling, rng, len(out), rule.draft_stream, vocab)
+            x, q, cost = propose(drafter, seq, k, sample)
+        k = len(x)
+        width = min(max(k + 1, policy.verify_width(k + 1)), room) if k else 1
+        p, t_target = score(target, seq, x, sampling, width)
+        if not k:
+            q = p.new_zeros(0, vocab)
+        q = q.to(p.dtype)
         xt = torch.tensor(x, dtype=torch.long)
-        u = rng.uniform(k)
-        n, dist = verify(p, q, xt, u) if k else (0, p[0])
-        block = x[:n] + [rng.categorical(dist)]
+        n, y = rule(p, q, xt, rng, len(out))
 
         committed = 0
-        for token in block:
+        for token in x[:n] + [y]:
             seq.append(token)
             out.append(token)
             committed += 1
@@ -310,19 +335,18 @@ def decode(
 
         record = RoundRecord(
             drafter=drafter.name if k else "none", k=k, accepted=n, committed=committed,
-            alphas=acceptance_rate(p[:k], q) if k else p.new_zeros(0),
-            px=p[:k].gather(-1, xt[:, None]).squeeze(-1) if k else p.new_zeros(0),
-            qx=q.gather(-1, xt[:, None]).squeeze(-1) if k else p.new_zeros(0),
-            target_seconds=t_target, draft_seconds=t_draft, catchup_seconds=t_catchup,
-            width=width,
-        )
+            alphas=alpha(p[:k], q), px=p[:k].gather(-1, xt[:, None]).squeeze(-1),
+            qx=q.gather(-1, xt[:, None]).squeeze(-1), target_seconds=t_target,
+            draft_seconds=cost["seconds"], catchup_seconds=cost["catchup_seconds"], width=width)
+        stats.draft_forwards += cost["forwards"]
+        stats.draft_seconds += cost["seconds"] + cost["catchup_seconds"]
         stats.record(record)
         stats.new_tokens = len(out)
         policy.observe(record)
         if observer is not None:
             observer(record)
         if on_commit is not None:
-            on_commit(block[:committed])
+            on_commit(out[len(out) - committed:])
         if stats.finish_reason:
             break
     if not stats.finish_reason:

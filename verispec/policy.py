@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .decoding import Drafter, RoundRecord
-from .theory import expected_tokens_positional
+from .decoding import Policy, RoundRecord
+from .drafters.base import Drafter
+from .theory import speedup_cost_curve
 from .timing import time_forwards
 
 
@@ -19,7 +20,7 @@ def _check_k(k) -> None:
         raise ValueError(f"k must be an integer >= 0 (0 = plain decoding) or 'auto', got {k!r}")
 
 
-class FixedPolicy:
+class FixedPolicy(Policy):
     """Always the same drafter and k (k = 0 or drafter None: plain decoding).
 
     Raises:
@@ -55,7 +56,7 @@ class _Decayed:
         return self.total / self.weight
 
 
-class AdaptivePolicy:
+class AdaptivePolicy(Policy):
     """Choose (drafter, k) each round to maximise expected tokens per second.
 
     For each drafter d and k = 1..k_max the predicted speedup over plain decoding
@@ -67,8 +68,9 @@ class AdaptivePolicy:
     with online estimates, decayed so they follow the text:
       * α_d,i: mean of the exact Σ min(p_i, q_i) at every verified position i
         (lower variance than counting accepts), shrunk towards α_d,i-1 (and
-        α_d,1 towards `alpha_prior`) with the weight of `prior_weight`
-        observations, so rarely reached positions borrow from shallower ones;
+        α_d,1 towards the drafter's own `alpha_prior`, else `alpha_prior`) with
+        the weight of `prior_weight` observations, so rarely reached positions
+        borrow from shallower ones;
       * T_t(n): mean verification-forward time for n = k+1 new tokens, each n
         measured on its own (unmeasured n get an optimistic guess, so they are
         tried once); T_t(1) comes from plain rounds: the first round is plain,
@@ -96,7 +98,8 @@ class AdaptivePolicy:
         drafters: name -> drafter (e.g. {"model": ModelDrafter(...), "lookup": LookupDrafter()}).
         k_max: largest draft length considered, >= 1.
         decay: weight of the past per new observation, in (0, 1).
-        alpha_prior: initial per-position α guess (weighted as `prior_weight` observations).
+        alpha_prior: initial per-position α guess for drafters that declare none
+            (weighted as `prior_weight` observations).
         prior_weight: weight of the prior (and of the previous position's α), in observations.
         probe_every: plain rounds in a row before the first probe (rounds).
         probe_alpha: the α a probe assumes when choosing its k, in [0, 1].
@@ -128,8 +131,6 @@ class AdaptivePolicy:
         self.drafters = dict(drafters)
         self.k_max, self.decay, self.margin = k_max, decay, margin
         self.alpha_prior, self.prior_weight = alpha_prior, prior_weight
-        # an n-gram match is a weaker promise than a draft model's guess
-        self.alpha_priors = {"lookup": 0.4}
         self.alpha = {name: [_Decayed() for _ in range(k_max)] for name in self.drafters}
         self.draft_cost = {name: _Decayed() for name in self.drafters}
         self.target_cost: dict[int, _Decayed] = {}
@@ -244,7 +245,7 @@ class AdaptivePolicy:
 
     def alphas(self, name: str, k: int) -> list[float]:
         """Estimated per-position acceptance α_1..α_k of drafter `name`."""
-        out, previous = [], self.alpha_priors.get(name, self.alpha_prior)
+        out, previous = [], getattr(self.drafters[name], "alpha_prior", self.alpha_prior)
         for stat in self.alpha[name][:k]:
             previous = (stat.total + self.prior_weight * previous) / (stat.weight + self.prior_weight)
             out.append(previous)
@@ -272,7 +273,8 @@ class AdaptivePolicy:
         if t1 is None or tk is None or cost.weight == 0:
             return 1.0 + self.margin * 2   # no data yet: try it
         alphas = [max(a, floor) for a in self.alphas(name, k)]
-        return expected_tokens_positional(alphas) * t1 / (k * cost.mean + tk)
+        # T_t(n) for n = k + 1 is the padded width's cost; T_t(1) the guarded one
+        return speedup_cost_curve(alphas, k, lambda n: t1 if n == 1 else tk, cost.mean)
 
     # -- protocol --------------------------------------------------------------
     def choose(self, seq: Sequence[int]) -> tuple[Drafter | None, int]:
@@ -281,10 +283,7 @@ class AdaptivePolicy:
             return None, 0                    # measure (or refresh) T_t(1) with a plain round
         best_name, best_k, best_s = None, 0, 1.0 + self.margin
         for name, drafter in self.drafters.items():
-            limit = self.k_max
-            available = getattr(drafter, "available", None)
-            if available is not None:          # model-free drafter: how much it can offer now
-                limit = min(limit, available(seq))
+            limit = min(self.k_max, drafter.available(seq))   # what it can offer now
             for k in range(1, limit + 1):
                 s = self.predict(name, k)
                 if s > best_s:
@@ -300,8 +299,7 @@ class AdaptivePolicy:
                 names = list(self.drafters)
                 names = names[self.probes % len(names):] + names[:self.probes % len(names)]
                 for name in names:
-                    limit = getattr(self.drafters[name], "available", None)
-                    limit = self.k_max if limit is None else min(self.k_max, limit(seq))
+                    limit = min(self.k_max, self.drafters[name].available(seq))
                     if limit <= 0:
                         continue
                     k = max(range(1, limit + 1), key=lambda k: self.predict(name, k, floor=self.probe_alpha))

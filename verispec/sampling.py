@@ -13,10 +13,13 @@ greedy decoding is the special case of sampling with point-mass p and q.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import secrets
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -87,39 +90,83 @@ def warp(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
 
 
 class Randomness(Protocol):
-    """Where every random number of a decode comes from.
+    """Where every random number of a decode comes from, keyed by output position.
 
-    Injecting it (instead of using torch's global RNG) gives per-call seeds and
-    lets `verispec.audit` replace the coins with exact enumeration.
+    Every draw names the absolute output position t it is for (0 = the first new
+    token) and a *stream* (what it is used for), so the number drawn for (t, stream)
+    never depends on how many numbers earlier rounds consumed, on k, on the drafter,
+    or on earlier calls. The streams used by the shipped loop:
+
+    * ``"sample"``: the token emitted at position t (plain decoding, the residual or
+      bonus token, and y_t of the coupled rule). A draft model under the coupled
+      rule draws x_t from this stream too (shared noise).
+    * ``"draft"``: x_t drawn by a draft model under the standard rule (independent of
+      the target's draws, as Leviathan et al. 2023, Algorithm 1 requires).
+    * ``"accept"``: u_t of the acceptance test u_t · q(x_t) < p(x_t).
+
+    Injecting it (instead of using torch's global RNG) gives per-call seeds and lets
+    `verispec.audit` replace the coins with exact enumeration (which may ignore the keys).
     """
 
-    def categorical(self, probs: torch.Tensor) -> int:
-        """Draw one token id from probs ([V] float32, sums to 1)."""
+    def categorical(self, probs: torch.Tensor, position: int, stream: str = "sample") -> int:
+        """Draw one token id for output position `position` from probs ([V] float, sums to 1)."""
         ...
 
-    def uniform(self, n: int) -> torch.Tensor:
-        """[n] float32 uniforms on [0, 1), for the acceptance test."""
+    def uniform(self, n: int, position: int) -> torch.Tensor:
+        """[n] float32 uniforms on [0, 1) for positions position..position+n-1 (stream "accept")."""
         ...
 
 
-class TorchRandomness:
-    """`Randomness` backed by a private `torch.Generator` seeded per call.
+def _key(seed: int, position: int, stream: str) -> int:
+    """63-bit generator seed for (seed, position, stream): a BLAKE2b hash, so keys of
+    nearby positions or seeds give unrelated streams."""
+    digest = hashlib.blake2b(f"{seed}/{position}/{stream}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class SeededRandomness:
+    """`Randomness` keyed by (seed, position, stream): reproducible whatever the policy does.
+
+    Each draw seeds a private numpy PCG64 generator from a hash of the key, so the random numbers used at output position t are a function of
+    (seed, t, stream) alone. Categorical draws use the exponential race, which is
+    Gumbel-max in another form (Gumbel 1954; Maddison et al. 2014, "A* Sampling", §2):
+
+        y = argmax_i p_i / E_i,   E_i ~ Exp(1) i.i.d.   =>   P(y = i) = p_i / Σ_j p_j
+
+    (argmax p_i / E_i = argmax log p_i + G_i with G_i = −log E_i Gumbel-distributed).
+    Two distributions drawn with the same key share the noise E, which is what the
+    coupled acceptance rule (`verispec.verify.GumbelRule`) relies on. A point mass
+    (greedy) is returned without drawing.
 
     Args:
-        seed: integer seed; None draws a fresh seed from the OS.
+        seed: integer seed; None draws a fresh 63-bit seed from the OS, readable as
+            ``.seed`` afterwards, so any sample can be replayed.
+
+    Raises:
+        ValueError: if seed is not an integer.
     """
 
     def __init__(self, seed: int | None = None) -> None:
-        self.generator = torch.Generator()
         if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(int(seed))
+            seed = secrets.randbits(63)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an integer or None, got {seed!r}")
+        self.seed = int(seed)
 
-    def categorical(self, probs: torch.Tensor) -> int:
+    def generator(self, position: int, stream: str) -> np.random.Generator:
+        """A fresh numpy PCG64 generator seeded for (self.seed, position, stream)."""
+        return np.random.Generator(np.random.PCG64(_key(self.seed, position, stream)))
+
+    def categorical(self, probs: torch.Tensor, position: int, stream: str = "sample") -> int:
         if int(torch.count_nonzero(probs)) == 1:  # exact point mass (greedy): no draw
             return int(probs.argmax())
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        e = self.generator(position, stream).standard_exponential(probs.shape[-1], dtype=np.float32)
+        return int(torch.argmax(probs / torch.from_numpy(e)))
 
-    def uniform(self, n: int) -> torch.Tensor:
-        return torch.rand(n, generator=self.generator)
+    def uniform(self, n: int, position: int) -> torch.Tensor:
+        return torch.tensor([self.generator(position + i, "accept").random(dtype=np.float32)
+                             for i in range(n)], dtype=torch.float32)
+
+
+#: The name earlier releases used; kept so existing code keeps working.
+TorchRandomness = SeededRandomness

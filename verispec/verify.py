@@ -1,20 +1,49 @@
-"""The acceptance test of speculative sampling, batched over the k draft positions.
+"""The acceptance rules of speculative sampling, batched over the k draft positions.
 
 Notation (Leviathan et al. 2023, "Fast Inference from Transformers via
 Speculative Decoding", Algorithm 1; Chen et al. 2023, Algorithm 2):
-p = target distribution, q = draft distribution, x_i = i-th draft token.
+p = target distribution, q = draft distribution, x_i = i-th draft token,
+t = output position of x_1 (0 = the first new token).
 
-    accept x_i  iff  u_i * q_i(x_i) < p_i(x_i),   u_i ~ U[0, 1)     (P = min(1, p/q))
-    first rejection at i: emit a token from the residual max(0, p_i - q_i) / Z
-    all k accepted:       emit a bonus token from p_{k+1}
+Vocabulary of one round: the drafts x_1..x_k are *accepted* up to the first
+rejection; the token emitted after the accepted ones is *recovered* (drawn at the
+first rejection) or, when all k are accepted, the *bonus* token (from p_{k+1}).
 
-The emitted sequence is distributed exactly as k+1 (or fewer) tokens sampled
-from p one at a time, because min(p, q) + max(0, p - q) = p for every token.
+Two rules, each exact (the committed tokens are distributed as tokens sampled
+from p one at a time):
+
+* ``standard`` (Leviathan et al. 2023, Algorithm 1; `verify` below):
+
+      accept x_i  iff  u_i * q_i(x_i) < p_i(x_i),   u_i ~ U[0, 1)     (P = min(1, p/q))
+      first rejection at i: recovered token from the residual max(0, p_i - q_i) / Z
+      all k accepted:       bonus token from p_{k+1}
+
+  exact because min(p, q) + max(0, p - q) = p for every token. It accepts with
+  the highest possible probability, α = Σ min(p, q), for any draft.
+
+* ``gumbel`` (coupled): y_i is drawn from p_i with position t+i-1's randomness,
+  x_i is accepted iff x_i = y_i, and y_i is emitted at the first disagreement
+  (y_{k+1} is the bonus token). The emitted token at every position is y, the very
+  token plain seeded sampling draws there, so the output is token for token the
+  plain seeded sample for every k and every drafter — exact trivially, by
+  induction over positions. For a deterministic drafter (q = δ_x: prompt lookup,
+  suffix decoding) it accepts with probability p(x) = min(1, p(x)/q(x)), exactly
+  the standard rule's, and the recovered token is distributed as the standard
+  residual max(0, p - δ_x)/Z = p restricted to y ≠ x; for a draft model that draws
+  x_i with the *same* Gumbel noise as y_i (`draft_stream = "sample"`), it accepts
+  iff the two noisy argmaxes agree, with probability at least (1 - TV)/(1 + TV),
+  TV = 1 - α (Gumbel-max coupling: Daliri, Musco, Suresh 2024, "Coupling without
+  Communication and Drafter-Invariant Speculative Decoding", Theorem 1) — less
+  than the standard rule's α, the price of drafter-invariant output.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
+
+from .sampling import Randomness
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -36,8 +65,13 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return r / z
 
 
-def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Exact acceptance probability α = Σ_x min(p(x), q(x)) = 1 - TV(p, q).
+def alpha(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Acceptance rate α = Σ_x min(p(x), q(x)) = 1 - TV(p, q), batched (torch).
+
+    The standard rule's probability of accepting a draft drawn from q. Not to be
+    confused with α̂ = accepted / drafted, the *draft acceptance rate* counted in
+    `verispec.decoding.Stats` (a noisy estimate of α). `verispec.theory.alpha`
+    computes the same number with input checks, for numpy inputs.
 
     Args:
         p: [..., V] float target probabilities.
@@ -80,3 +114,110 @@ def verify(
     if n == k:
         return n, p[k]
     return n, residual(p[n], q[n])
+
+
+class Rule(Protocol):
+    """An acceptance rule: which drafts to keep and which token to emit after them.
+
+    Attributes:
+        name: the name reports and the CLI use ("standard", "gumbel", ...).
+        draft_stream: the `Randomness` stream a draft model must draw x_i from
+            ("draft": independent of the rule's draws; "sample": shared noise).
+        uses_uniforms: whether the rule draws `rng.uniform(k, t)` once per round
+            with k > 0 (exact enumeration needs to know).
+    """
+
+    name: str
+    draft_stream: str
+    uses_uniforms: bool
+
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, rng: Randomness,
+                 position: int) -> tuple[int, int]:
+        """Verify one round.
+
+        Args:
+            p: [k+1, V] float warped target probabilities (row k: bonus position).
+            q: [k, V] float warped draft probabilities each x_i was drawn from
+                (one-hot rows for a deterministic drafter).
+            x: [k] int64 draft token ids (k may be 0: a plain step).
+            rng: the decode's randomness.
+            position: output position t of x_1 (0 = the first new token).
+
+        Returns:
+            (n, y): n in 0..k accepted drafts and the token id y emitted after them
+            (recovered at position t+n if n < k, else the bonus token).
+        """
+        ...
+
+
+class UniformRule:
+    """A `Rule` from a verify function: one uniform per draft, then one categorical draw.
+
+    Draws u = rng.uniform(k, t), calls ``verify_fn(p, q, x, u) -> (n, dist)`` and
+    emits ``rng.categorical(dist, t + n)``. The standard rule is
+    ``UniformRule(verify, "standard")``; the audit builds its biased shortcuts the
+    same way, so every rule runs through the shipped loop.
+
+    Args:
+        verify_fn: the pure test, with `verify`'s signature and contract.
+        name: the rule's name in reports.
+        acceptance_probs: optional ``(p, q, x) -> [k] floats``, P(accept x_i) given
+            x_1..x_{i-1} accepted, when the test is "u_i below that" (the exact
+            enumeration weighs acceptance patterns with it).
+    """
+
+    draft_stream = "draft"
+    uses_uniforms = True
+
+    def __init__(self, verify_fn, name: str, acceptance_probs=None) -> None:
+        self.verify_fn, self.name = verify_fn, name
+        self.acceptance_probs = acceptance_probs
+
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, rng: Randomness,
+                 position: int) -> tuple[int, int]:
+        k = x.shape[0]
+        n, dist = self.verify_fn(p, q, x, rng.uniform(k, position)) if k else (0, p[0])
+        return n, rng.categorical(dist, position + n)
+
+    def __repr__(self) -> str:
+        return f"UniformRule({self.name!r})"
+
+
+def min_one_p_over_q(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> list[float]:
+    """P(accept x_i | x_1..x_{i-1} accepted) = min(1, p_i(x_i) / q_i(x_i)), [k] floats
+    (Leviathan et al. 2023, §2.3)."""
+    px = p[:x.shape[0]].gather(-1, x[:, None]).squeeze(-1).tolist()
+    qx = q.gather(-1, x[:, None]).squeeze(-1).tolist()
+    return [min(1.0, a / b) if b > 0 else (1.0 if a > 0 else 0.0) for a, b in zip(px, qx)]
+
+
+class GumbelRule:
+    """Coupled rule: emit y_i ~ p_i drawn with position t+i's noise; accept x_i iff x_i = y_i.
+
+    See the module docstring for why it is exact and when it accepts less than
+    the standard rule. Draws `rng.categorical(p_i, t + i)` for i = 0..n (stream
+    "sample"), no uniforms.
+    """
+
+    name = "gumbel"
+    draft_stream = "sample"
+    uses_uniforms = False
+
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, rng: Randomness,
+                 position: int) -> tuple[int, int]:
+        k = x.shape[0]
+        for i in range(k):
+            y = rng.categorical(p[i], position + i)
+            if y != int(x[i]):
+                return i, y
+        return k, rng.categorical(p[k], position + k)
+
+    def __repr__(self) -> str:
+        return "GumbelRule()"
+
+
+standard = UniformRule(verify, "standard", min_one_p_over_q)
+gumbel = GumbelRule()
+
+#: Rules by name, for the API, the CLI and the audit (a new rule is one class plus one line).
+RULES: dict[str, Rule] = {"standard": standard, "gumbel": gumbel}

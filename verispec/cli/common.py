@@ -110,7 +110,7 @@ def stats_table(result, title: str = "statistics") -> Table:
         ("wall seconds", fmt(s.wall_seconds, ".2f")),
         ("tokens/s", fmt(s.tokens_per_second, ".2f")),
         ("drafted / accepted", f"{s.drafted} / {s.accepted}"),
-        ("acceptance rate α̂", fmt(s.acceptance_rate)),
+        ("draft acceptance rate α̂", fmt(s.draft_acceptance_rate)),
         ("exact α (Σ min(p,q))", fmt(s.alpha_exact)),
         ("τ (tokens / target forward)", fmt(s.tau)),
         ("per-position acceptance", " ".join(fmt(a, ".2f") for a in s.per_position_acceptance) or "-"),

@@ -5,16 +5,17 @@ the prompt or the output, propose the tokens that followed that occurrence.
 The choice is deterministic given the context, so q is a point mass on each
 proposed token. Verification is then still exact in sampling mode: a point-mass
 q accepts x with probability min(1, p(x)/1) = p(x), and on rejection the
-residual max(0, p - δ_x)/Z is p with x removed and renormalised.
+residual max(0, p - δ_x)/Z is p with x removed and renormalised (the coupled
+rule, `verispec.verify.GumbelRule`, does the same with the plain sample itself).
 """
 
 from __future__ import annotations
 
 import time
 
-import torch
+from collections.abc import Sequence
 
-from ..sampling import Randomness, SamplingConfig
+from .base import DraftSampler
 
 
 class LookupDrafter:
@@ -34,6 +35,8 @@ class LookupDrafter:
     """
 
     name = "lookup"
+    point_mass = True
+    alpha_prior = 0.4   # an n-gram match is a weaker promise than a draft model's guess
     forwards = 0
     catchup_seconds = 0.0
 
@@ -80,26 +83,24 @@ class LookupDrafter:
         self.seconds += time.perf_counter() - start
         return found
 
-    def available(self, context: list[int]) -> int:
+    def available(self, context: Sequence[int]) -> int:
         """How many tokens a proposal could hold now (0 = no match)."""
         j = self.match(context)
         return 0 if j is None else len(context) - j
 
-    def propose(self, context: list[int], k: int, sampling: SamplingConfig,
-                rng: Randomness) -> tuple[list[int], torch.Tensor]:
+    def propose(self, context: list[int], k: int,
+                sample: DraftSampler | None = None) -> tuple[list[int], None]:
         """Propose up to k tokens following the most recent longest match.
 
         Returns:
-            (x, q): x holds min(k, available) token ids (maybe none); q is
-            [len(x), max(x) + 1] float32 one-hot rows (a point mass; the decode
-            loop zero-pads it to the target's vocabulary).
+            (x, None): x holds min(k, available) token ids (maybe none); q is a
+            point mass on each (None).
         """
         j = self.match(context)
-        x = [] if j is None else list(context[j:j + k])
-        q = torch.zeros(len(x), (max(x) + 1) if x else 1)
-        if x:
-            q[torch.arange(len(x)), torch.tensor(x)] = 1.0
-        return x, q
+        return ([] if j is None else list(context[j:j + k])), None
 
     def rollback(self, committed: list[int]) -> None:
         pass  # the index only ever holds committed text
+
+    def reset(self) -> None:
+        self._seq, self._index, self._cached = [], {}, None

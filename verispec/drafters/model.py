@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..models.base import CausalLM
-from ..sampling import Randomness, SamplingConfig, warp
+from .base import DraftSampler
 
 
 class ModelDrafter:
@@ -22,6 +24,8 @@ class ModelDrafter:
     """
 
     name = "model"
+    point_mass = False
+    alpha_prior = 0.6
 
     def __init__(self, model: CausalLM) -> None:
         self.model = model
@@ -35,27 +39,30 @@ class ModelDrafter:
     def seconds(self) -> float:
         return self.model.forward_seconds
 
-    def propose(self, context: list[int], k: int, sampling: SamplingConfig,
-                rng: Randomness) -> tuple[list[int], torch.Tensor]:
+    def available(self, context: Sequence[int]) -> int:
+        """Room left in the draft's context (tokens)."""
+        return max(0, self.model.context_length - len(context))
+
+    def propose(self, context: list[int], k: int,
+                sample: DraftSampler) -> tuple[list[int], torch.Tensor | None]:
         """Draw x_1..x_k from the draft.
 
         Args:
             context: committed tokens (prompt + generated), len >= 1.
             k: number of drafts, >= 1.
-            sampling: the same warps the target's p gets.
-            rng: randomness source.
+            sample: turns each row of draft logits into (x_i, q_i).
 
         Returns:
-            (x, q): x is a list of k token ids; q is [k, V_draft] with the exact
-            warped distribution each x_i was sampled from. Empty when the
-            context holds an id outside the draft's (prefix) vocabulary.
+            (x, q): x is a list of k token ids; q is [k, V] with the exact warped
+            distribution each x_i was sampled from. Empty when the context holds an
+            id outside the draft's (prefix) vocabulary.
         """
         k = min(k, self.model.context_length - len(context))
         self.model.rollback_to(context)
         new = context[len(self.model.tokens):]
         if k <= 0 or max(new) >= self.model.vocab_size:
             # a target-only id (beyond a prefix vocabulary) cannot be fed to the draft
-            return [], torch.empty(0, self.model.vocab_size)
+            return [], None
         if len(new) > 2:   # catch up on the prompt / plain rounds: not a per-draft-token cost
             start = self.model.forward_seconds
             self.model.forward(new[:-1], keep=1)
@@ -64,8 +71,7 @@ class ModelDrafter:
         logits = self.model.forward(new, keep=1)[-1]
         xs, qs = [], []
         for i in range(k):
-            q = warp(logits, sampling)
-            x = rng.categorical(q)
+            x, q = sample(logits)
             xs.append(x)
             qs.append(q)
             if i < k - 1:

@@ -114,5 +114,31 @@ class CausalLM(ABC):
         return self.forward(context[len(self.tokens):], keep)
 
     def reset(self) -> None:
-        """Empty the cache."""
-        self.truncate(0)
+        """Empty the cache, even when an exception left it out of step with `tokens`."""
+        try:
+            self._truncate(0)
+        finally:
+            self.tokens.clear()
+
+
+def eos_token_ids(tokenizer=None, *configs) -> frozenset[int]:
+    """Token ids that end generation, from configs (`eos_token_id`: int or list) and a tokenizer.
+
+    Args:
+        tokenizer: a Hugging Face-style tokenizer (its `eos_token_id`), or None.
+        *configs: objects with an `eos_token_id` attribute (generation config,
+            model config), or None.
+
+    Returns:
+        The union of all ids found (may be empty).
+    """
+    ids: set[int] = set()
+    for source in configs:
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import CausalLM
+from .base import CausalLM, eos_token_ids
 
 
 class HFModel(CausalLM):
@@ -34,7 +34,8 @@ class HFModel(CausalLM):
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.context_length = int(getattr(text_config, "max_position_embeddings", 1 << 30))
         self.device = next(model.parameters()).device
-        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.eos_token_ids = eos_token_ids(tokenizer, getattr(model, "generation_config", None),
+                                           model.config)
         self.cache = DynamicCache(config=config)
 
     @classmethod
@@ -98,15 +99,3 @@ class HFModel(CausalLM):
         """Tokens actually held in the KV cache (for tests of rollback)."""
         return int(self.cache.get_seq_length())
 
-
-def _eos_ids(model, tokenizer) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            ids.add(value)
-        elif value:
-            ids.update(int(v) for v in value)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return frozenset(ids)

@@ -18,7 +18,7 @@ import os
 import numpy as np
 import torch
 
-from .base import CausalLM
+from .base import CausalLM, eos_token_ids
 
 
 class LlamaCppModel(CausalLM):
@@ -46,9 +46,7 @@ class LlamaCppModel(CausalLM):
         self.n_batch = int(llama.n_batch)
         eos = {int(llama.token_eos())}
         if tokenizer is not None:
-            from .hf import _eos_ids
-
-            eos |= set(_eos_ids(_NoModel(), tokenizer))
+            eos |= eos_token_ids(tokenizer)
             im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
             if isinstance(im_end, int) and im_end != tokenizer.unk_token_id and im_end is not None:
                 eos.add(int(im_end))
@@ -109,11 +107,3 @@ class LlamaCppModel(CausalLM):
     def _truncate(self, length: int) -> None:
         self.llama._ctx.kv_cache_seq_rm(0, length, -1)
 
-
-class _NoModel:
-    """Stand-in so `_eos_ids` can read only the tokenizer."""
-
-    generation_config = None
-
-    class config:  # noqa: N801 - mimics a config object
-        eos_token_id = None
