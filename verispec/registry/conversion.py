@@ -74,17 +74,21 @@ def convert_gguf_file(path: str | os.PathLike[str], progress: bool = True) -> Pa
 
 
 def _local_key(path: Path) -> str:
+    """16 hex digits of sha256 over ``path``'s real path, size and mtime (ns)."""
     st = path.stat()
     raw = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 def _local_dir(path: Path) -> Path:
+    """``<cache>/local/<stem>-<key>``: where user file ``path`` is converted to."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", path.stem)[:80] or "model"
     return cache_dir() / "local" / f"{stem}-{_local_key(path)}"
 
 
 def _check_gguf_file(p: Path) -> None:
+    """Raise ``FileNotFoundError``, ``PermissionError`` or ``ValueError`` (naming ``p``) unless
+    ``p`` is a readable regular file that starts with the GGUF magic bytes."""
     if not p.exists():
         raise FileNotFoundError(f"GGUF file not found: {p}")
     if not p.is_file():
