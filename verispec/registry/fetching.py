@@ -169,6 +169,8 @@ def _pip_download(requirement: str, dest: Path) -> Path:
 
 
 def _sha256_file(path: Path, progress: bool = False, desc: str = "") -> str:
+    """Hex sha256 of the file at ``path``, read in ``_CHUNK``-byte chunks (a byte progress bar
+    on stderr when ``progress``)."""
     from tqdm.auto import tqdm
 
     h = hashlib.sha256()
