@@ -148,7 +148,7 @@ def test_02b_the_warp_check_catches_p_left_unwarped(monkeypatch):
     real = decoding.warp
     # p gets temperature only (top-k forgotten on the target side); q is still fully warped
     monkeypatch.setattr(decoding, "warp",
-                        lambda logits, cfg: real(logits, SamplingConfig(temperature=cfg.temperature)))
+                        lambda logits, cfg, *history: real(logits, SamplingConfig(temperature=cfg.temperature)))
     dist = exact_distribution(target, ModelDrafter(draft), [0], 3, 2, WARPED)
     assert marginal(dist, 0, 3)[2] > 1e-3 and marginal(dist, 0, 3)[0] != pytest.approx(P0, abs=1e-6)
 

@@ -341,12 +341,12 @@ def measure_trajectory_alpha(
         if k < 1:
             break
         # the decode loop's own round, without committing: propose, then score
-        sample = DraftSampler(sampling, rng, t, standard.draft_stream, vocab)
+        sample = DraftSampler(sampling, rng, t, standard.draft_stream, vocab, context, len(prompt))
         x, q, _ = propose(drafter, context, k, sample)
         m = len(x)
         # at least m+1 uncached tokens, so the forward returns all m+1 rows
         target.truncate(min(len(target.tokens), len(context) - 1))
-        p, _ = score(target, context, x, sampling)
+        p, _ = score(target, context, x, sampling, n_prompt=len(prompt))
         alphas = [0.0] * k_max
         accept_probs = [0.0] * k_max
         accepted = 0

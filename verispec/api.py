@@ -182,7 +182,11 @@ class SpeculativeDecoder:
                  stop_strings: Sequence[str] | None = None,
                  use_chat_template: bool | None = None,
                  on_text: Callable[[str], None] | None = None,
-                 observer: Callable | None = None) -> GenerationResult:
+                 observer: Callable | None = None, min_p: float = 0.0,
+                 repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
+                 bad_words_ids: Sequence[Sequence[int]] | None = None,
+                 min_new_tokens: int = 0) -> GenerationResult:
         """Generate a continuation, exactly distributed as the target's own sampling.
 
         Args:
@@ -202,6 +206,13 @@ class SpeculativeDecoder:
             use_chat_template: None = apply when the tokenizer has one.
             on_text: called with each newly decoded piece of text (streaming).
             observer: called with each round's `verispec.decoding.RoundRecord`.
+            min_p, repetition_penalty, presence_penalty, frequency_penalty,
+            logit_bias, bad_words_ids, min_new_tokens: the sampling controls, with
+                Hugging Face's names (OpenAI's for the two penalties and logit_bias),
+                applied identically to p and q at every draft position
+                (`verispec.controls`; `SamplingConfig` gives the ranges).
+                min_new_tokens must not exceed max_new_tokens; stop strings are not
+                matched before it.
 
         Returns:
             GenerationResult(text, token_ids, prompt_ids, stats).
@@ -212,7 +223,16 @@ class SpeculativeDecoder:
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+        sampling = SamplingConfig(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, logit_bias=logit_bias or (),
+            bad_words_ids=bad_words_ids or (), min_new_tokens=min_new_tokens,
+            eos_token_ids=self.target.eos_token_ids)
+        sampling.check_vocab(self.target.vocab_size)
+        if min_new_tokens > max_new_tokens:
+            raise ValueError(f"min_new_tokens ({min_new_tokens}) must not exceed max_new_tokens "
+                             f"({max_new_tokens})")
         if stop_strings is not None and (isinstance(stop_strings, str)
                                          or not all(isinstance(s, str) and s for s in stop_strings)):
             raise ValueError("stop_strings must be a list of non-empty strings")
@@ -233,20 +253,24 @@ class SpeculativeDecoder:
         stream = _TextStream(self.tokenizer, on_text) if on_text and self.tokenizer else None
         result: DecodeResult = decode(
             self.target, ids, policy, sampling=sampling, max_new_tokens=max_new_tokens,
-            rng=SeededRandomness(seed), rule=the_rule, stop=self._stopper(stop_strings),
+            rng=SeededRandomness(seed), rule=the_rule,
+            stop=self._stopper(stop_strings, min_new_tokens),
             on_commit=stream.put if stream else None, observer=observer)
         if stream:
             stream.end()
         text = self.tokenizer.decode(result.tokens, skip_special_tokens=True) if self.tokenizer else ""
         return GenerationResult(text=text, token_ids=result.tokens, prompt_ids=ids, stats=result.stats)
 
-    def _stopper(self, stop_strings: Sequence[str] | None) -> Callable[[list[int]], bool] | None:
+    def _stopper(self, stop_strings: Sequence[str] | None,
+                 min_new_tokens: int = 0) -> Callable[[list[int]], bool] | None:
         if not stop_strings:
             return None
         tok = self.tokenizer
         longest = max(len(s) for s in stop_strings)
 
         def stop(out: list[int]) -> bool:
+            if len(out) < min_new_tokens:    # as vLLM: no stop string before min_new_tokens
+                return False
             # enough trailing tokens to hold the longest stop string (>= 1 char per token)
             tail = tok.decode(out[-(longest + 2):], skip_special_tokens=False)
             return any(s in tail for s in stop_strings)

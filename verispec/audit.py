@@ -668,7 +668,8 @@ def _direct_target_distribution(target: CausalLM, prompt: list[int], n: int,
         if len(prefix) == n:
             out[prefix] = out.get(prefix, 0.0) + w
             return
-        p = warp(target.sync(prompt + list(prefix), keep=1)[-1], sampling).tolist()
+        p = warp(target.sync(prompt + list(prefix), keep=1)[-1], sampling,
+                 prompt + list(prefix), len(prompt)).tolist()
         for t, pt in enumerate(p):
             if pt > 0:
                 if t in eos:

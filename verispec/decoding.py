@@ -208,7 +208,7 @@ def propose(drafter: Drafter, seq: list[int], k: int,
 
 
 def score(target: CausalLM, seq: list[int], x: list[int], sampling: SamplingConfig,
-          width: int | None = None) -> tuple[torch.Tensor, float]:
+          width: int | None = None, n_prompt: int = 0) -> tuple[torch.Tensor, float]:
     """One verification forward: the target's warped p_1..p_{k+1} after seq + x.
 
     Rows after x_k (up to `width` - k - 1 filler copies of x_k) may be added when a
@@ -220,8 +220,10 @@ def score(target: CausalLM, seq: list[int], x: list[int], sampling: SamplingConf
         target: the target model; its cache must hold a prefix of seq[:-1].
         seq: committed tokens, len >= 1.
         x: k draft ids (may be empty).
-        sampling: the warps (the same the drafts got).
+        sampling: the warps and controls (the same the drafts got); row i's
+            controls see seq + x_1..x_i as history.
         width: tokens to score, >= k + 1 (default k + 1).
+        n_prompt: how many tokens of seq are the prompt (for the controls).
 
     Returns:
         (p, seconds): p [k+1, V] float32 (float64 for float64 models), row i the
@@ -238,7 +240,8 @@ def score(target: CausalLM, seq: list[int], x: list[int], sampling: SamplingConf
     if logits.shape[0] != width:
         raise RuntimeError(f"{target.name}: verification returned {logits.shape[0]} rows for "
                            f"{width} positions; its cache is out of step")
-    return warp(logits[:k + 1], sampling), target.forward_seconds - before
+    p = warp(logits[:k + 1], sampling, seq, n_prompt, x)
+    return p, target.forward_seconds - before
 
 
 def decode(
@@ -305,11 +308,11 @@ def decode(
         k = max(0, min(k, max_new_tokens - len(out) - 1, room - 1)) if drafter is not None else 0
         x, q, cost = [], None, {"forwards": 0, "seconds": 0.0, "catchup_seconds": 0.0}
         if k:
-            sample = DraftSampler(sampling, rng, len(out), rule.draft_stream, vocab)
+            sample = DraftSampler(sampling, rng, len(out), rule.draft_stream, vocab, seq, len(prompt))
             x, q, cost = propose(drafter, seq, k, sample)
         k = len(x)
         width = min(max(k + 1, policy.verify_width(k + 1)), room) if k else 1
-        p, t_target = score(target, seq, x, sampling, width)
+        p, t_target = score(target, seq, x, sampling, width, len(prompt))
         if not k:
             q = p.new_zeros(0, vocab)
         q = q.to(p.dtype)

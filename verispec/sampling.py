@@ -1,4 +1,4 @@
-"""Logits -> warped float32 probabilities, and injectable randomness.
+"""Logits -> warped float32 probabilities (with the sampling controls), and injectable randomness.
 
 The same `warp` is applied to the target's logits (giving p) and to the draft's
 logits (giving q) at every position. Speculative sampling is exact only for the
@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,15 +24,31 @@ import numpy as np
 import torch
 
 
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Warps applied identically to p and q.
+    """Warps and controls applied identically to p and q at every position.
 
     Attributes:
         temperature: >= 0. 0 means greedy (point mass on the argmax).
         top_k: keep the k most likely tokens; 0 disables the filter.
         top_p: keep the smallest set of most likely tokens whose mass is >= top_p;
             in (0, 1], 1.0 disables the filter (nucleus sampling, Holtzman et al. 2020).
+        min_p: keep tokens with probability >= min_p · (the largest probability),
+            after temperature, top-k and top-p (Nguyen et al. 2024, "min-p
+            sampling"); in [0, 1], 0 disables it.
+        repetition_penalty: > 0; 1 disables it (CTRL / HF definition, `verispec.controls`).
+        presence_penalty, frequency_penalty: in [-2, 2] (OpenAI's definitions, over
+            generated tokens); 0 disables them.
+        logit_bias: {token id: bias} added to the logits (a mapping, or pairs);
+            finite biases.
+        bad_words_ids: token-id sequences never generated (HF `bad_words_ids`).
+        min_new_tokens: >= 0; `eos_token_ids` are banned until that many new tokens
+            (and stop strings are not matched before, see `verispec.api`).
+        eos_token_ids: the ids `min_new_tokens` bans (the API fills in the target's).
 
     Raises:
         ValueError: naming the argument, for any value outside its range.
@@ -40,35 +57,115 @@ class SamplingConfig:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    min_new_tokens: int = 0
+    eos_token_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature < math.inf:
+        if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = no top-k filter), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1] (1 = no nucleus filter), got {self.top_p!r}")
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+        if not _is_real(self.repetition_penalty) or not 0 < self.repetition_penalty < math.inf:
+            raise ValueError(f"repetition_penalty must be finite and > 0 (1 = off), "
+                             f"got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2] (0 = off), got {value!r}")
+        if isinstance(self.min_new_tokens, bool) or not isinstance(self.min_new_tokens, int) \
+                or self.min_new_tokens < 0:
+            raise ValueError(f"min_new_tokens must be an integer >= 0, got {self.min_new_tokens!r}")
+        bias = self.logit_bias
+        pairs = list(bias.items()) if hasattr(bias, "items") else list(bias)
+        clean: dict[int, float] = {}
+        for pair in pairs:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise ValueError(f"logit_bias must map token ids to biases, got {bias!r}")
+            tok, b = pair
+            tok = _token_id(tok, "logit_bias")
+            if not _is_real(b) or not math.isfinite(b):
+                raise ValueError(f"logit_bias[{tok}] must be a finite number, got {b!r}")
+            clean[tok] = clean.get(tok, 0.0) + float(b)
+        object.__setattr__(self, "logit_bias", tuple(sorted(clean.items())))
+        words = []
+        for word in self.bad_words_ids:
+            if isinstance(word, (int, str)) or not hasattr(word, "__iter__"):
+                raise ValueError(f"bad_words_ids must be a list of token-id lists, got {self.bad_words_ids!r}")
+            word = tuple(_token_id(t, "bad_words_ids") for t in word)
+            if not word:
+                raise ValueError("bad_words_ids holds an empty sequence; give at least one token id")
+            words.append(word)
+        object.__setattr__(self, "bad_words_ids", tuple(words))
+        object.__setattr__(self, "eos_token_ids", frozenset(int(t) for t in self.eos_token_ids))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def has_controls(self) -> bool:
+        """Whether any control depends on the history (`verispec.controls`)."""
+        return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
+                    or self.logit_bias or self.bad_words_ids
+                    or (self.min_new_tokens and self.eos_token_ids))
 
-def warp(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise ValueError naming the argument if a controlled id is outside 0..V-1."""
+        for name, ids in (("logit_bias", [t for t, _ in self.logit_bias]),
+                          ("bad_words_ids", [t for w in self.bad_words_ids for t in w])):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ValueError(f"{name} holds token id {bad[0]}, outside the vocabulary "
+                                 f"0..{vocab_size - 1}")
+
+
+def _token_id(value, name: str) -> int:
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)      # JSON object keys arrive as strings
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must hold token ids (integers >= 0), got {value!r}")
+    return int(value)
+
+
+def warp(logits: torch.Tensor, config: SamplingConfig, history: Sequence[int] | None = None,
+         n_prompt: int = 0, drafts: Sequence[int] = ()) -> torch.Tensor:
     """Turn logits into the distribution tokens are sampled from.
 
     Args:
-        logits: [..., V] any float dtype.
-        config: temperature, top-k, top-p.
+        logits: [..., V] any float dtype ([n, V] or [V] when controls are active).
+        config: temperature, top-k, top-p, min-p and the controls.
+        history: token ids before row 0 (prompt + committed output); required when
+            `config.has_controls` (see `verispec.controls.apply_controls`).
+        n_prompt: how many tokens of `history` are the prompt.
+        drafts: the draft tokens rows 1..n-1 follow (row i sees history + drafts[:i]).
 
     Returns:
         [..., V] float32 probabilities summing to 1 over the last axis
         (float64 logits stay float64, for exact enumeration). Greedy
-        gives a one-hot vector at the argmax. Order of warps follows HF
-        `generate()`: temperature, then top-k, then top-p.
+        gives a one-hot vector at the argmax. Order follows HF `generate()`:
+        the controls, then temperature, top-k, top-p, min-p.
+
+    Raises:
+        ValueError: if the config has controls and no history is given.
     """
     if logits.dtype != torch.float64:
         logits = logits.float()
+    if config.has_controls:
+        if history is None:
+            raise ValueError("this SamplingConfig has history-dependent controls: pass history")
+        from .controls import apply_controls
+
+        logits = apply_controls(logits, config, history, n_prompt, drafts)
     if config.greedy:
         out = torch.zeros_like(logits)
         out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
@@ -86,7 +183,12 @@ def warp(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
         drop_sorted = before >= config.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
+    probs = logits.softmax(-1)
+    if config.min_p > 0:
+        keep = probs >= config.min_p * probs.amax(-1, keepdim=True)
+        probs = probs * keep
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
 
 
 class Randomness(Protocol):

@@ -32,18 +32,24 @@ class DraftSampler:
     is drawn from q_i with the randomness of output position `position` + i - 1 on
     the stream the acceptance rule asks for (`Rule.draft_stream`).
 
+    History-dependent controls (penalties, bans, `verispec.controls`) see the
+    committed tokens plus x_1..x_{i-1} at draft position i, exactly as the target's
+    p_i does in `verispec.decoding.score`.
+
     Args:
-        sampling: the warps shared by p and q.
+        sampling: the warps and controls shared by p and q.
         rng: the decode's randomness.
         position: output position t of x_1 (0 = the first new token).
         stream: randomness stream for the drafts ("draft" or "sample").
         vocab_size: V, the target's number of logits.
+        history: the committed tokens, prompt included (for the controls).
+        n_prompt: how many of them are the prompt.
     """
 
     def __init__(self, sampling: SamplingConfig, rng: Randomness, position: int, stream: str,
-                 vocab_size: int) -> None:
+                 vocab_size: int, history: Sequence[int] = (), n_prompt: int = 0) -> None:
         self.sampling, self.rng, self.position, self.stream = sampling, rng, position, stream
-        self.vocab_size = vocab_size
+        self.vocab_size, self.history, self.n_prompt = vocab_size, history, n_prompt
         self.drafted: list[int] = []
 
     def __call__(self, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -56,7 +62,8 @@ class DraftSampler:
         Returns:
             (x_i, q_i): the token id and the [V] float distribution it was drawn from.
         """
-        q = warp(logits, self.sampling)
+        history = list(self.history) + self.drafted if self.sampling.has_controls else None
+        q = warp(logits, self.sampling, history, self.n_prompt)
         if q.shape[-1] < self.vocab_size:
             q = torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[-1]))
         x = self.rng.categorical(q, self.position + len(self.drafted), self.stream)
