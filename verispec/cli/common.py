@@ -17,17 +17,68 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def sampling_or_fail(temperature: float, top_k: int, top_p: float):
-    """SamplingConfig from the CLI options, or a clear error naming the option."""
+def sampling_or_fail(temperature: float, top_k: int, top_p: float, **controls):
+    """SamplingConfig from the CLI options, or a clear error naming the option.
+
+    Args:
+        temperature, top_k, top_p: the warps.
+        **controls: `SamplingConfig` control fields (min_p, repetition_penalty, ...),
+            as `controls_from_options` returns them.
+    """
     from ..sampling import SamplingConfig
 
     try:
-        return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+        return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, **controls)
     except ValueError as e:
         message = str(e)
-        for name, flag in (("temperature", "--temperature"), ("top_k", "--top-k"), ("top_p", "--top-p")):
-            message = message.replace(name, flag)
+        for name in ("temperature", "top_k", "top_p", *controls):
+            message = message.replace(name, "--" + name.replace("_", "-"))
         fail(message)
+
+
+# The sampling controls' options, shared by every command that samples.
+MIN_P = typer.Option(0.0, "--min-p", help="keep tokens with p >= min_p * max p; 0 = off")
+REPETITION_PENALTY = typer.Option(1.0, "--repetition-penalty",
+                                  help="> 0; divides positive / multiplies negative logits of seen ids; 1 = off")
+PRESENCE_PENALTY = typer.Option(0.0, "--presence-penalty", help="in [-2, 2], over generated tokens; 0 = off")
+FREQUENCY_PENALTY = typer.Option(0.0, "--frequency-penalty", help="in [-2, 2], over generated tokens; 0 = off")
+LOGIT_BIAS = typer.Option(None, "--logit-bias", help="ID=BIAS added to that token's logit (repeatable)")
+BAD_WORD = typer.Option(None, "--bad-word", help="text never generated (tokenized; repeatable)")
+MIN_NEW_TOKENS = typer.Option(0, "--min-new-tokens", help="no EOS or stop string before this many tokens")
+
+
+def controls_from_options(min_p: float = 0.0, repetition_penalty: float = 1.0,
+                          presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                          logit_bias: Optional[list[str]] = None, min_new_tokens: int = 0) -> dict:
+    """The control keyword arguments (for `SpeculativeDecoder.generate` and
+    `SamplingConfig`) from CLI options; `--logit-bias ID=BIAS` parsed, or a clear error."""
+    bias: dict[int, float] = {}
+    for item in logit_bias or []:
+        tok, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            bias[int(tok)] = float(value)
+        except ValueError:
+            fail(f"--logit-bias takes ID=BIAS (e.g. 198=-5), got {item!r}")
+    return dict(min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty, logit_bias=bias, min_new_tokens=min_new_tokens)
+
+
+def bad_words_ids(tokenizer, words: Optional[list[str]]) -> list[list[int]]:
+    """Token-id sequences banning each word, with and without a leading space (as HF's
+    docs advise for `bad_words_ids`); a clear error for an empty word or no tokenizer."""
+    out: list[list[int]] = []
+    for word in words or []:
+        if not word:
+            fail("--bad-word needs a non-empty string")
+        if tokenizer is None:
+            fail("--bad-word needs a model with a tokenizer")
+        for text in (word, " " + word):
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if ids and ids not in out:
+                out.append(ids)
+    return out
 
 
 def parse_k(value: str) -> int | str:
@@ -121,6 +172,7 @@ def stats_table(result, title: str = "statistics") -> Table:
          "; ".join(f"{k}: {v['rounds']}, {v['accepted']}/{v['drafted']}, {v['tokens']}"
                    for k, v in s.by_drafter.items())),
         ("finish reason", s.finish_reason),
+        ("acceptance rule; seed (replays the sample)", f"{s.rule}; {s.seed}"),
     ]
     for name, value in rows:
         table.add_row(name, value)

@@ -8,8 +8,10 @@ from typing import Optional
 
 import typer
 
-from .common import (BACKEND, DRAFT, DRAFTER, TARGET, build_decoder, err, fail,
-                     parse_k, sampling_or_fail, stats_table)
+from .common import (BACKEND, BAD_WORD, DRAFT, DRAFTER, FREQUENCY_PENALTY, LOGIT_BIAS, MIN_NEW_TOKENS,
+                     MIN_P, PRESENCE_PENALTY, REPETITION_PENALTY, TARGET, bad_words_ids,
+                     build_decoder, controls_from_options, err, fail, parse_k, sampling_or_fail,
+                     stats_table)
 
 
 def generate(
@@ -23,7 +25,17 @@ def generate(
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
     top_k: int = typer.Option(0, "--top-k", help="0 = off"),
     top_p: float = typer.Option(1.0, "--top-p", help="in (0, 1]; 1 = off"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="makes sampled output reproducible"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="makes sampled output reproducible "
+                                       "(unseeded runs print the seed they drew)"),
+    rule: str = typer.Option("auto", "--rule", help="acceptance rule: auto, standard (min(1,p/q)) or "
+                             "gumbel (coupled: output = the plain seeded sample for every k)"),
+    min_p: float = MIN_P,
+    repetition_penalty: float = REPETITION_PENALTY,
+    presence_penalty: float = PRESENCE_PENALTY,
+    frequency_penalty: float = FREQUENCY_PENALTY,
+    logit_bias: Optional[list[str]] = LOGIT_BIAS,
+    bad_word: Optional[list[str]] = BAD_WORD,
+    min_new_tokens: int = MIN_NEW_TOKENS,
     stop: Optional[list[str]] = typer.Option(None, "--stop", help="stop string (repeatable)"),
     no_chat_template: bool = typer.Option(False, "--no-chat-template", help="feed the prompt raw"),
     backend: Optional[str] = BACKEND,
@@ -37,18 +49,27 @@ def generate(
         fail("PROMPT is empty: give some text to continue or answer")
     if max_new_tokens < 0:
         fail(f"--max-new-tokens must be >= 0 (0 returns nothing), got {max_new_tokens}")
-    sampling_or_fail(temperature, top_k, top_p)
+    controls = controls_from_options(min_p, repetition_penalty, presence_penalty, frequency_penalty,
+                                     logit_bias, min_new_tokens)
+    sampling_or_fail(temperature, top_k, top_p, **controls)
+    if min_new_tokens > max_new_tokens:
+        fail(f"--min-new-tokens ({min_new_tokens}) must not exceed --max-new-tokens ({max_new_tokens})")
+    if rule not in ("auto", "standard", "gumbel"):
+        fail(f"--rule must be auto, standard or gumbel, got {rule!r}")
     if stop and any(not s for s in stop):
         fail("--stop needs a non-empty string")
     decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers)
-    kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                  seed=seed, stop_strings=stop, use_chat_template=False if no_chat_template else None)
+    controls["bad_words_ids"] = bad_words_ids(decoder.tokenizer, bad_word)
+    warm = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                use_chat_template=False if no_chat_template else None)
+    kwargs = dict(warm, max_new_tokens=max_new_tokens, stop_strings=stop, rule=rule, **controls)
     try:
         # warm-up (with k=auto it also times this machine's target cost curve once)
-        decoder.generate(prompt, **{**kwargs, "max_new_tokens": min(2, max_new_tokens), "k": k_value})
+        decoder.generate(prompt, **{**warm, "max_new_tokens": min(2, max_new_tokens), "k": k_value})
         on_text = None if as_json else (lambda t: (sys.stdout.write(t), sys.stdout.flush()))
         result = decoder.generate(prompt, k=k_value, on_text=on_text, **kwargs)
-        plain = decoder.generate(prompt, k=0, **kwargs) if compare else None
+        # the same seed: with the coupled rule a sampled output is then plain's, token for token
+        plain = decoder.generate(prompt, k=0, **{**kwargs, "seed": result.stats.seed}) if compare else None
     except ValueError as e:
         fail(str(e))
     out = {"backend": backend, "target": decoder.target.name,
@@ -68,7 +89,9 @@ def generate(
     if plain is not None:
         same = out["identical_to_plain"]
         note = ("token-for-token identical to plain decoding" if same else
-                "differs from plain decoding" + ("" if temperature > 0 else " (greedy: see docs on batch numerics)"))
+                "differs from plain decoding" + (" (sampled with the standard rule: equal in distribution, "
+                                                 "not token for token)" if result.stats.rule == "standard"
+                                                 and temperature > 0 else " (see docs/exactness.md on numerics)"))
         err.print(f"plain: {plain.stats.tokens_per_second:.2f} tok/s; speculative: "
                   f"{result.stats.tokens_per_second:.2f} tok/s; speedup {out['speedup']:.2f}x; {note}")
 
