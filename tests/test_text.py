@@ -9,11 +9,11 @@ across blocks for k = 0, 1, 4, 8.
 """
 
 import pytest
+import tokenizer_cache
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tokenizer_cache
 from verispec.api import SpeculativeDecoder
 from verispec.models.toy import FunctionModel
 from verispec.text import REPLACEMENT, TextStream, check_stop_strings, decode_text
@@ -226,7 +226,7 @@ def test_gemma_leading_space_of_a_window_is_kept():
     ids = encode(tok, "Hello world 龘 and 🧑\u200d💻 end")
     pieces = tok.convert_ids_to_tokens(ids)
     assert "▁world" in pieces and "▁" in pieces and "<0xE9>" in pieces   # a window starts at each
-    stream, chunks = run_stream(tok, ids, [], [1] * len(ids))
+    _, chunks = run_stream(tok, ids, [], [1] * len(ids))
     assert "".join(chunks) == "Hello world 龘 and 🧑\u200d💻 end"
     assert " world" in chunks and " and" in chunks
     assert chunks[chunks.index(" and") - 1] == "龘"   # the bare "▁" went out before its bytes
@@ -327,7 +327,7 @@ class RewritingTokenizer:
     """A decoder that rewrites text it already gave once more ids follow (none registered
     does): id 1 decodes to "p" + U+FFFD, and "p" + U+FFFD + "q" decodes to "Rq"."""
 
-    PIECES = {0: "a", 1: "p" + REPLACEMENT, 2: "q", 3: "c"}
+    PIECES = ("a", "p" + REPLACEMENT, "q", "c")
 
     def decode(self, ids, **kw):
         return "".join(self.PIECES[i] for i in ids).replace("p" + REPLACEMENT + "q", "Rq")
