@@ -37,9 +37,15 @@ def test_real_model_chat_template_and_stop_string(smol_pair):
     assert smol_pair.tokenizer.decode(ids).count("<|im_start|>") >= 2   # system/user + assistant turn
     plain = smol_pair.generate(PROMPT, max_new_tokens=48, k=0)
     stop = plain.text.strip().split()[2]
-    spec = smol_pair.generate(PROMPT, max_new_tokens=48, k=4, stop_strings=[stop])
-    assert stop in spec.text and spec.stats.finish_reason == "stop_string"
+    chunks = []
+    spec = smol_pair.generate(PROMPT, max_new_tokens=48, k=4, stop_strings=[stop], on_text=chunks.append)
+    assert spec.stats.finish_reason == "stop_string" and spec.finish_reason == "stop"
+    # OpenAI/vLLM semantics: the text is cut right before the stop string, the token that
+    # completed it is the last token, and the streamed pieces are exactly the text
+    assert spec.text == plain.text[:plain.text.index(stop)] == "".join(chunks)
     assert plain.token_ids[:len(spec.token_ids)] == spec.token_ids
+    decoded = smol_pair.tokenizer.decode
+    assert stop in decoded(spec.token_ids) and stop not in decoded(spec.token_ids[:-1])
 
 
 def test_real_model_seeded_sampling_is_reproducible(smol_pair):
