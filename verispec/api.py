@@ -76,7 +76,7 @@ def check_compatible(target: CausalLM, draft: CausalLM) -> None:
         raise TokenizerMismatchError(
             f"draft {draft.name} has {draft.vocab_size} logits but target {target.name} only "
             f"{target.vocab_size}: the draft must use the target's tokenizer")
-    if target.tokenizer is None or draft.tokenizer is None:
+    if target.tokenizer is None or draft.tokenizer is None or target.tokenizer is draft.tokenizer:
         return
     tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
     if tv == dv:
