@@ -335,6 +335,24 @@ def test_hf_assisted_sampler_is_seeded_and_leaves_global_rng_alone():
     assert a == b and len(a) == 4 and a != c
 
 
+def test_hf_assisted_sampler_takes_the_wrappers_and_refuses_other_backends():
+    from conftest import tiny_llama
+
+    target, draft = tiny_llama(0), tiny_llama(0, noise=0.25)
+    ids = [3, 17, 42, 5, 9]
+    wrapped = hf_assisted_sampler(target, draft, ids, 4, temperature=1.0)
+    bare = hf_assisted_sampler(target.transformers_model, draft.transformers_model, ids, 4,
+                               temperature=1.0)
+    assert wrapped(7) == bare(7) and wrapped(8) == bare(8)
+    toy_target, toy_draft = seed_example()
+    with pytest.raises(ValueError, match="assistant.*toy backend.*--backend transformers"):
+        hf_assisted_sampler(target, toy_draft, ids, 4)
+    with pytest.raises(ValueError, match="target.*toy backend"):
+        hf_assisted_sampler(toy_target, draft, ids, 4)
+    with pytest.raises(TypeError, match="assistant must be an HFModel"):
+        hf_assisted_sampler(target, object(), ids, 4)
+
+
 def test_decode_sampler_is_seeded():
     target, draft = seed_example()
     s = decode_sampler(target, ModelDrafter(draft), [0], 6, T1, k=3)

@@ -24,7 +24,7 @@ from ..models.base import CausalLM
 from ..models.toy import FunctionModel
 from ..sampling import SamplingConfig, SeededRandomness
 from ..verify import Rule
-from .rules import NAIVE_RULES, as_rule
+from .rules import NAIVE_RULES, as_rule, audited_rule
 from .runs import policy_factory, single_thread
 from .statistical import Sampler
 
@@ -36,9 +36,24 @@ def decode_sampler(target: CausalLM, drafter_or_policy_factory, prompt: Sequence
                    rule: Rule | Callable | None = None) -> Sampler:
     """A sampler ``seed -> first m new tokens`` running the shipped `decode`.
 
+    Each call runs ``decode(..., rng=SeededRandomness(seed), rule=rule)`` with a
+    fresh policy, so the same seed gives the same tokens.
+
     Args:
-        drafter_or_policy_factory: as in `exact_distribution` (None: target alone).
+        target: the target model.
+        drafter_or_policy_factory: a `Drafter`, a policy factory, or None (target
+            alone); see `verispec.audit.runs.policy_factory`.
+        prompt: prompt token ids.
+        m: new tokens per sample (fewer when generation ends at EOS).
+        sampling: the warps of p and q.
+        k: draft length with a drafter.
         rule: the acceptance rule (see `as_rule`; None: the shipped standard rule).
+
+    Returns:
+        ``seed -> list[int]`` of new token ids.
+
+    Raises:
+        ValueError, TypeError: from `policy_factory` for a bad drafter / k.
     """
     the_rule = as_rule(rule)
     make_policy = policy_factory(drafter_or_policy_factory, k)
@@ -56,20 +71,58 @@ def decode_sampler(target: CausalLM, drafter_or_policy_factory, prompt: Sequence
 
 
 def rule_samplers(target: CausalLM, drafter_or_policy_factory, prompt: Sequence[int], m: int,
-                  sampling: SamplingConfig, k: int | None = None) -> dict[str, Sampler]:
-    """Samplers for the target alone ("target"), verispec and the naive shortcuts.
+                  sampling: SamplingConfig, k: int | None = None, *,
+                  rule: Rule | Callable | None = None,
+                  rules: Sequence[str] = ("verispec", *NAIVE_RULES)) -> dict[str, Sampler]:
+    """Samplers for the target alone ("target") and for each named rule on the same loop.
 
     Feed them to `audit_rules` (reference "target").
+
+    Args:
+        target, drafter_or_policy_factory, prompt, m, sampling, k: as `decode_sampler`.
+        rule: the rule verispec itself runs, sampled under the name "verispec"
+            (see `as_rule`; None: the standard rule).
+        rules: names from `RULE_NAMES` ("verispec", "standard", "gumbel",
+            "naive-agree", "naive-always-accept"); default: verispec and the
+            naive shortcuts.
+
+    Returns:
+        {"target": plain decoding (k = 0), then one sampler per name in `rules`}.
+
+    Raises:
+        ValueError: naming an unknown rule.
     """
-    out = {"target": decode_sampler(target, None, prompt, m, sampling),
-           "verispec": decode_sampler(target, drafter_or_policy_factory, prompt, m, sampling, k)}
-    for name, rule in NAIVE_RULES.items():
-        out[name] = decode_sampler(target, drafter_or_policy_factory, prompt, m, sampling, k, rule)
+    verispec_rule = as_rule(rule)
+    out = {"target": decode_sampler(target, None, prompt, m, sampling)}
+    for name in rules:
+        out[name] = decode_sampler(target, drafter_or_policy_factory, prompt, m, sampling, k,
+                                   audited_rule(name, verispec_rule))
     return out
 
 
-def hf_assisted_sampler(target_hf_model, assistant_hf_model, input_ids, m: int,
-                        temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Sampler:
+def _transformers_model(model, argument: str):
+    """The transformers `PreTrainedModel` behind `model` (an `HFModel` or the module itself).
+
+    Raises:
+        ValueError: `model` runs on another backend (llama.cpp, toy).
+        TypeError: `model` is neither a `CausalLM` nor a transformers model.
+    """
+    if isinstance(model, CausalLM):
+        backend = getattr(model, "backend", type(model).__name__)
+        if backend != "transformers":
+            raise ValueError(
+                f"{argument}: transformers' assisted generation needs transformers models, but "
+                f"{model.name} runs on the {backend} backend; load it with backend='transformers' "
+                f"(CLI: --backend transformers)")
+        return model.transformers_model
+    if callable(getattr(model, "generate", None)) and hasattr(model, "generation_config"):
+        return model
+    raise TypeError(f"{argument} must be an HFModel or a transformers PreTrainedModel, "
+                    f"got {type(model).__name__}")
+
+
+def hf_assisted_sampler(target, assistant, input_ids, m: int, temperature: float = 1.0,
+                        top_k: int = 0, top_p: float = 1.0) -> Sampler:
     """A sampler wrapping transformers' assisted generation (a third-party implementation).
 
     Each call seeds torch's *global* RNG with the call's seed (transformers
@@ -78,8 +131,10 @@ def hf_assisted_sampler(target_hf_model, assistant_hf_model, input_ids, m: int,
     CUDA) afterwards, so the caller's randomness is untouched.
 
     Args:
-        target_hf_model, assistant_hf_model: `PreTrainedModel`s (not `HFModel`
-            wrappers; pass ``wrapper.model``) sharing a tokenizer.
+        target, assistant: the target and the draft (assistant) model sharing a
+            tokenizer: `verispec.models.hf.HFModel`s (their `transformers_model`
+            is used; the wrappers' caches are not touched) or transformers
+            `PreTrainedModel`s.
         input_ids: [1, L] long tensor (or a list of ids).
         m: new tokens per sample.
         temperature, top_k, top_p: warps (0 = off for top_k, 1.0 = off for top_p;
@@ -87,7 +142,14 @@ def hf_assisted_sampler(target_hf_model, assistant_hf_model, input_ids, m: int,
 
     Returns:
         ``seed -> list[int]`` of the new token ids.
+
+    Raises:
+        ValueError: naming `target` or `assistant` when it runs on another backend
+            (llama.cpp has no assisted generation of transformers' kind).
+        TypeError: when one is neither an `HFModel` nor a transformers model.
     """
+    target_hf_model = _transformers_model(target, "target")
+    assistant_hf_model = _transformers_model(assistant, "assistant")
     if not torch.is_tensor(input_ids):
         input_ids = torch.tensor([list(input_ids)], dtype=torch.long)
     if input_ids.dim() == 1:
