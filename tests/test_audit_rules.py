@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from verispec.audit import (
-    AuditError, NAIVE_RULES, always_accept_verify, as_rule, audit_exact, audit_exact_rules,
-    exact_distribution, exact_table, marginal, naive_agree_verify, seed_example,
-    target_distribution, toy_random_model, total_variation,
+    AuditError, NAIVE_RULES, RULE_NAMES, always_accept_verify, as_rule, audit_exact,
+    audit_exact_rules, audited_rule, exact_distribution, exact_table, marginal, naive_agree_verify,
+    rule_samplers, seed_example, target_distribution, toy_random_model, total_variation,
 )
 from verispec.decoding import decode
 from verispec.drafters.model import ModelDrafter
 from verispec.policy import FixedPolicy
 from verispec.sampling import SeededRandomness
-from verispec.verify import residual
+from verispec.verify import RULES, gumbel, residual, standard
 
 from test_audit_exact import T1, TOL
 
@@ -104,3 +104,18 @@ def test_broken_acceptance_rules_are_caught():
     dist = exact_distribution(target, ModelDrafter(draft), [0], 3, 2, T1,
                               _rule(lambda u, p, q: u * q <= p))
     assert total_variation(dist, target_distribution(target, [0], 3, T1)) <= TOL
+
+
+def test_rule_names_are_verispecs_rule_the_exact_rules_and_the_shortcuts():
+    assert RULE_NAMES == ("verispec", "standard", "gumbel", "naive-agree", "naive-always-accept")
+    assert audited_rule("verispec") is standard and audited_rule("verispec", gumbel) is gumbel
+    assert all(audited_rule(name) is rule for name, rule in {**RULES, **NAIVE_RULES}.items())
+    with pytest.raises(ValueError, match="unknown rule 'nope'; choose from verispec, standard"):
+        audited_rule("nope")
+    target, draft = seed_example()
+    samplers = rule_samplers(target, ModelDrafter(draft), [0], 4, T1, k=2, rule=gumbel,
+                             rules=("verispec", "standard", "gumbel"))
+    assert list(samplers) == ["target", "verispec", "standard", "gumbel"]
+    for seed in range(5):
+        # verispec runs the rule it was given; the coupled rule emits the plain seeded sample
+        assert samplers["verispec"](seed) == samplers["gumbel"](seed) == samplers["target"](seed)

@@ -35,14 +35,17 @@ from .exact import (
     target_distribution, total_variation,
 )
 from .homogeneity import HomogeneityResult
-from .rules import NAIVE_RULES, always_accept_verify, as_rule, naive_agree_verify
+from .rules import (
+    NAIVE_RULES, RULE_NAMES, always_accept_verify, as_rule, audited_rule, naive_agree_verify,
+)
 from .samplers import decode_sampler, hf_assisted_sampler, rule_samplers
 from .statistical import AuditReport, Sampler, audit_rules, audit_samples, draw_samples, statistical_audit
 from .toys import seed_example, toy_fixed_model, toy_random_model
 
 __all__ = [
     "AuditError", "ExactReport", "AuditReport", "HomogeneityResult",
-    "as_rule", "naive_agree_verify", "always_accept_verify", "NAIVE_RULES",
+    "as_rule", "naive_agree_verify", "always_accept_verify", "NAIVE_RULES", "RULE_NAMES",
+    "audited_rule",
     "exact_distribution", "target_distribution", "total_variation", "marginal",
     "audit_exact", "audit_exact_rules", "exact_table",
     "statistical_audit", "audit_samples", "audit_rules", "draw_samples",
