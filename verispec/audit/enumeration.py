@@ -13,7 +13,9 @@ once and its probability is the product of its branch weights (float64):
   That is exact too (the emitted token is y_i whatever x_i is, and y_i ~ p_i), so
   a pass certifies the rule's logic but not the shared-noise coupling itself (the
   statistical audit covers that). With a point-mass drafter (q = δ_x, no draft
-  draws) the two coincide.
+  draws) the two coincide. For the same reason a bug in the keys themselves (two
+  positions drawing with one key, so sharing noise) is invisible here; the seeded
+  reproducibility tests and the statistical audit are what catch it.
 * ``uniform(k)`` branches over the k + 1 acceptance patterns "first rejection at
   j" (j = k: all accepted). Its weight is not known when the uniforms are drawn;
   it is resolved from the `RoundRecord` the observer receives at the end of the
