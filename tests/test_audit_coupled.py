@@ -9,8 +9,9 @@ categorical draw independently, so:
 * with a draft model it enumerates the *independent* coupling of x_i ~ q_i and
   y_i ~ p_i (at run time they share Gumbel noise), which must be exact as well.
 
-Each test also checks that the enumeration saw drafted rounds with every
-acceptance count (0 accepted .. all k accepted), so a pass is not vacuous.
+Under every non-greedy warp each test also checks that the enumeration saw rounds
+drafting k tokens with every acceptance count (0 accepted .. all k accepted), so a
+pass is not vacuous.
 """
 
 from collections import Counter
@@ -100,12 +101,14 @@ def cyclic_model(vocab, seed=23, strength=1.0):
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 @pytest.mark.parametrize("warp_name", list(COUPLED_WARPS))
 def test_gumbel_is_exact_with_prompt_lookup(warp_name, k):
-    target = toy_random_model(3, seed=13, eos_token_ids=[2])
-    rounds = assert_coupled_exact(target, lambda: FixedPolicy(LookupDrafter(max_ngram=2), k), 5,
-                                  None, COUPLED_WARPS[warp_name], prompt=(0, 1, 0, 1, 1, 0, 1, 0))
-    assert any(kk >= 1 for kk, _ in rounds)
+    # period-4 prompt: the 2-gram match is followed by 4 tokens, so lookup drafts k of them;
+    # EOS (id 2) inside drafted blocks; seed 24: every acceptance count occurs
+    target = toy_random_model(3, seed=24, eos_token_ids=[2])
+    rounds = assert_coupled_exact(target, lambda: FixedPolicy(LookupDrafter(max_ngram=2), k), k + 1,
+                                  None, COUPLED_WARPS[warp_name], prompt=(0, 1, 2, 1) * 2 + (0, 1))
+    assert any(kk == k for kk, _ in rounds), rounds
     if warp_name != "greedy":
-        assert_every_pattern(rounds, 1)
+        assert_every_pattern(rounds, k)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
