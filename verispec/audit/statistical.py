@@ -37,7 +37,8 @@ class AuditReport:
 
     Attributes:
         reference, candidate: labels.
-        n_samples: N per sampler; m: tokens compared; alpha_level: family-wise level.
+        n_samples: N per sampler; m: tokens compared; alpha_level: family-wise
+            significance level (the CLI's --significance; not the acceptance rate α).
         alpha_per_test: alpha_level / number of tests (Bonferroni).
         tests: per position 1..m, then the joint m-token prefix.
         tv: plug-in TV between the two empirical distributions of the joint prefix.
@@ -96,7 +97,7 @@ class AuditReport:
 
         colour = "green" if self.passed else "red"
         table = Table(title=f"{self.candidate} vs {self.reference}: N = {self.n_samples} each, "
-                            f"m = {self.m}, α = {self.alpha_level} (Bonferroni {self.alpha_per_test:.2g})",
+                            f"m = {self.m}, significance {self.alpha_level} (Bonferroni {self.alpha_per_test:.2g})",
                       caption=f"[{colour}]{self.verdict}[/{colour}]  TV̂(joint) = {self.tv:.4f} "
                               f"(no-difference level {self.tv_null:.4f}); bias-corrected "
                               f"{self.tv_corrected:.4f} [{self.tv_ci[0]:.4f}, {self.tv_ci[1]:.4f}] "
@@ -207,9 +208,10 @@ def statistical_audit(sample_reference: Sampler, sample_candidate: Sampler, n_sa
     homogeneity of the 2 x C contingency table (`scipy.stats.chi2_contingency`,
     Pearson χ² or, with ``method="g"``, the G-test) is run after pooling
     categories with expected count < 5 (a test left with < 2 columns is reported as
-    too sparse, p = 1: raise N or lower m). N and α are fixed before sampling (and
+    too sparse, p = 1: raise N or lower m). N and the significance level a
+    (`alpha_level`; not the acceptance rate α) are fixed before sampling (and
     printed when `progress`); with Bonferroni over the m + 1 tests the verdict is
-    "pass" when no p-value is below α / (m + 1), else "FAIL". A pass is not a
+    "pass" when no p-value is below a / (m + 1), else "FAIL". A pass is not a
     proof: the test only detects differences large enough for N (see `tv_ci`).
 
     Returns:
@@ -222,8 +224,8 @@ def statistical_audit(sample_reference: Sampler, sample_candidate: Sampler, n_sa
 
         Console(stderr=True).print(
             f"statistical audit: {candidate_label} vs {reference_label}: N = {n_samples} samples "
-            f"each, m = {m} tokens, α = {alpha_level} over {m + 1} tests "
-            f"(Bonferroni α/test = {alpha_level / (m + 1):.3g}), {method}")
+            f"each, m = {m} tokens, significance {alpha_level} over {m + 1} tests "
+            f"(Bonferroni, {alpha_level / (m + 1):.3g} per test), {method}")
     start = time.perf_counter()
     ref_seeds = range(seed_offset, seed_offset + n_samples)
     cand_seeds = range(seed_offset + n_samples, seed_offset + 2 * n_samples)
@@ -244,7 +246,7 @@ def audit_rules(samplers: dict[str, Sampler], n_samples: int, m: int, alpha_leve
     """Audit every sampler in `samplers` against `samplers[reference]`.
 
     The reference is sampled once (seeds 0..N-1) and reused; each candidate gets
-    seeds N..2N-1. Each report carries its own verdict (α is per candidate).
+    seeds N..2N-1. Each report carries its own verdict (the significance level is per candidate).
     Typical use: ``audit_rules(rule_samplers(...), 2000, 4)`` gives
     "verispec: pass; naive-agree: FAIL; naive-always-accept: FAIL".
     """
@@ -255,7 +257,7 @@ def audit_rules(samplers: dict[str, Sampler], n_samples: int, m: int, alpha_leve
 
         Console(stderr=True).print(
             f"statistical audit: N = {n_samples} samples per sampler, m = {m} tokens, "
-            f"α = {alpha_level} per candidate over {m + 1} tests (Bonferroni), {method}")
+            f"significance {alpha_level} per candidate over {m + 1} tests (Bonferroni), {method}")
     ref = draw_samples(samplers[reference], range(n_samples), m, progress=progress, desc=reference)
     reports = {}
     for name, sampler in samplers.items():
