@@ -19,14 +19,15 @@ once and its probability is the product of its branch weights (float64):
 * ``uniform(k)`` branches over the k + 1 acceptance patterns "first rejection at
   j" (j = k: all accepted). Its weight is not known when the uniforms are drawn;
   it is resolved from the `RoundRecord` the observer receives at the end of the
-  round: with α_i = min(1, p_i(x_i) / q_i(x_i)) (Leviathan et al. 2023, §2.3),
-  ``weight(j) = Π_{i<j} α_i · (1 − α_j)`` (``Π_{i<k} α_i`` for j = k), or from the
-  rule's own ``acceptance_probs(p, q, x)`` when it has one. The first visit of a
-  uniform draw is a *probe* (its round is run once to read p_i(x_i), q_i(x_i),
-  then discarded). Afterwards each pattern j is replayed with representative
-  uniforms: by default ("boundary") u_i is the largest float32 below α_i for
-  i < j and the smallest float32 above α_j at j (so the acceptance region is
-  pinned to [0, α_i) up to float32 resolution); "extreme" uses the textbook 0 / 1.
+  round: with r_i = min(1, p_i(x_i) / q_i(x_i)), the probability that x_i is
+  accepted once x_1..x_{i-1} were (Leviathan et al. 2023, §2.3; not α, which is
+  its expectation Σ min(p, q)), ``weight(j) = Π_{i<j} r_i · (1 − r_j)``
+  (``Π_{i<k} r_i`` for j = k), or from the rule's own ``acceptance_probs(p, q, x)``
+  when it has one. The first visit of a uniform draw is a *probe* (its round is
+  run once to read p_i(x_i), q_i(x_i), then discarded). Afterwards each pattern j is replayed with representative
+  uniforms: by default ("boundary") u_i is the largest float32 below r_i for
+  i < j and the smallest float32 above r_j at j (so the acceptance region is
+  pinned to [0, r_i) up to float32 resolution); "extreme" uses the textbook 0 / 1.
   For every pattern with positive weight the realised accepted count must equal j,
   otherwise `AuditError` is raised: this is what catches a broken acceptance rule
   (wrong threshold, no stop at the first rejection, ...). Rules that declare
@@ -118,9 +119,10 @@ def _above(a: float) -> float:
 
 
 def _record_alphas(record: RoundRecord) -> tuple[list[float], list[float]]:
-    """(α_i, 1 − α_i) from a round's p_i(x_i), q_i(x_i), for the shipped rule u·q < p."""
+    """(r_i, 1 − r_i) from a round's p_i(x_i), q_i(x_i), for the shipped rule u·q < p
+    (r_i = min(1, p_i(x_i) / q_i(x_i)), P(accept x_i))."""
     px, qx = record.px, record.qx
-    # min(p_i(x_i), q_i(x_i)) per position: the one-token case of α
+    # min(p_i(x_i), q_i(x_i)) per position (the one-token case of `alpha`)
     mins = alpha(px[:, None], qx[:, None]).tolist()
     acc, rej = [], []
     for p_i, q_i, m_i in zip(px.tolist(), qx.tolist(), mins):
@@ -320,7 +322,7 @@ class Enumerator:
             what = f"first rejection at draft {j + 1}" if j < record.k else "all drafts accepted"
             raise AuditError(
                 f"acceptance rule inconsistent with min(1, p/q): pattern '{what}' "
-                f"(probability {node.weights[node.pos]:.6g}, α = "
+                f"(probability {node.weights[node.pos]:.6g}, P(accept x_i) = "
                 f"{[round(a, 6) for a in node.alphas]}) realised accepted={record.accepted} "
                 f"of k={record.k}")
 
