@@ -1,9 +1,10 @@
 """Auditing exactness: exact enumeration on toy models, statistical tests on real runs.
 
 Speculative decoding is lossless when the tokens it commits are distributed exactly
-as tokens sampled from the target alone (Leviathan et al. 2023, Theorem 3.5). Two
-complementary checks, each on the *shipped* `verispec.decoding.decode` loop with the
-acceptance rule passed as its ``rule`` parameter:
+as tokens sampled from the target alone (Leviathan et al. 2023, Appendix A.1; Chen
+et al. 2023, Theorem 1). Two complementary checks, each on the *shipped*
+`verispec.decoding.decode` loop with the acceptance rule passed as its ``rule``
+parameter:
 
 1. **Exact enumeration** on float64 toy models: every execution path of the loop
    is replayed and weighed, and the output distribution must equal the target's

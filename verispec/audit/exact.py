@@ -5,7 +5,7 @@
 probability of every output of n new tokens; `target_distribution` computes the
 distribution the target alone gives (the product of its warped conditionals, and
 the same loop with k = 0, which must agree). Speculative sampling is exact iff the
-two are equal (Leviathan et al. 2023, Theorem 3.5; Chen et al. 2023, Theorem 1):
+two are equal (Leviathan et al. 2023, Appendix A.1; Chen et al. 2023, Theorem 1):
 on float64 toy models (`verispec.audit.toys`) "equal" means a total variation
 below ~1e-15, so a TV above `tol` (default 1e-12) is a bias, never rounding.
 
