@@ -8,7 +8,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .common import BACKEND, DRAFT, TARGET, build_decoder, err, fail, sampling_or_fail
+from .common import (BACKEND, BAD_WORD, DRAFT, FREQUENCY_PENALTY, LOGIT_BIAS, MIN_NEW_TOKENS, MIN_P,
+                     PRESENCE_PENALTY, REPETITION_PENALTY, TARGET, bad_words_ids, build_decoder,
+                     controls_from_options, err, fail, sampling_or_fail)
 
 _DEFAULT_SIGNIFICANCE = 0.01
 
@@ -63,6 +65,13 @@ def audit(
     temperature: float = typer.Option(1.0, "--temperature", help="> 0: an audit needs sampling"),
     top_k: int = typer.Option(0, "--top-k"),
     top_p: float = typer.Option(1.0, "--top-p"),
+    min_p: float = MIN_P,
+    repetition_penalty: float = REPETITION_PENALTY,
+    presence_penalty: float = PRESENCE_PENALTY,
+    frequency_penalty: float = FREQUENCY_PENALTY,
+    logit_bias: Optional[list[str]] = LOGIT_BIAS,
+    bad_word: Optional[list[str]] = BAD_WORD,
+    min_new_tokens: int = MIN_NEW_TOKENS,
     rule: str = typer.Option("standard", "--rule",
                              help="the acceptance rule verispec runs (audited as 'verispec'): "
                                   "standard (min(1, p/q)) or gumbel (coupled)"),
@@ -80,7 +89,11 @@ def audit(
     from ..policy import FixedPolicy
     from ..verify import RULES
 
-    sampling = sampling_or_fail(temperature, top_k, top_p)
+    controls = controls_from_options(min_p, repetition_penalty, presence_penalty, frequency_penalty,
+                                     logit_bias, min_new_tokens)
+    sampling = sampling_or_fail(temperature, top_k, top_p, **controls)
+    if min_new_tokens > m:
+        fail(f"--min-new-tokens ({min_new_tokens}) must not exceed --m ({m})")
     significance = _significance(significance, alpha_alias)
     if rule not in RULES:
         fail(f"--rule must be one of {', '.join(RULES)}, got {rule!r}")
@@ -113,6 +126,17 @@ def audit(
     if drafter == "model" and decoder.draft is None:
         fail("--drafter model needs a draft model (--draft)")
     ids = decoder.encode(prompt)
+    # the controls on the real target: its EOS ids (min_new_tokens) and tokenized bad words
+    sampling = sampling_or_fail(temperature, top_k, top_p, **controls,
+                                bad_words_ids=bad_words_ids(decoder.tokenizer, bad_word),
+                                eos_token_ids=decoder.target.eos_token_ids)
+    try:
+        sampling.check_vocab(decoder.target.vocab_size)
+    except ValueError as e:
+        fail(str(e))
+    if sampling.has_controls and "hf-assisted" in wanted:
+        fail("--rules hf-assisted runs transformers' own loop, which verispec cannot give its "
+             "sampling controls; drop the controls or hf-assisted")
     the_drafter = ModelDrafter(decoder.draft) if drafter == "model" else LookupDrafter()
     factory = lambda: FixedPolicy(the_drafter, k)  # noqa: E731
     built = A.rule_samplers(decoder.target, factory, ids, m, sampling, rule=verispec_rule,
@@ -132,7 +156,9 @@ def audit(
     err.print(f"audit: target {decoder.target.name} ({backend}), drafter {drafter}, k={k}, "
               f"verispec's rule {rule}, N={n_samples} samples of m={m} tokens per implementation, "
               f"significance {significance} (Bonferroni over {m + 1} tests), T={temperature}, "
-              f"top-k={top_k}, top-p={top_p}")
+              f"top-k={top_k}, top-p={top_p}"
+              + (f", controls {({k: v for k, v in controls.items() if v}) }" if sampling.has_controls
+                 or min_p else ""))
     reports = A.audit_rules(samplers, n_samples, m, significance)
     if as_json:
         print(json.dumps({name: r.to_dict() for name, r in reports.items()}, default=str))
