@@ -1,0 +1,149 @@
+"""Fit a software stack to measured cost curves on this machine (``--calibrate``).
+
+Given measured T(n) of one or more models on one backend (llama.cpp, transformers) and
+the machine's measured ceilings (:func:`verispec.plan.local.local_hardware`), choose the
+stack's free parameters - by default the per-forward overhead, the per-layer overhead
+and the attainable fractions of bandwidth and FLOP/s - to minimise the squared log
+error of the roofline's T(n) (:func:`verispec.plan.roofline.forward_time`) over every
+measured point: relative errors, so a 30 ms model and a 300 ms model weigh alike.
+``scipy.optimize.least_squares`` (trust-region reflective, with bounds) from a few
+starting points; the best is kept.
+
+Fit on some models and predict another: fitting and scoring the same model proves
+nothing (``benchmarks/plan/validate_cpu.py`` fits on SmolLM2-135M and the 0.5B draft and
+predicts the 1.5B target).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
+
+from .hardware import Hardware
+from .roofline import Stack, forward_time
+from .shapes import ModelShape
+
+__all__ = ["FIT_PARAMS", "fit_stack", "measure_curve", "calibrate"]
+
+# parameter: (lower bound, upper bound, starting values)
+FIT_PARAMS: dict[str, tuple[float, float, tuple[float, ...]]] = {
+    "per_forward_s": (0.0, 1.0, (1e-4, 3e-3)),
+    "per_layer_s": (0.0, 0.1, (1e-5, 3e-4)),
+    "bandwidth_efficiency": (0.02, 1.5, (0.5, 1.0)),
+    "compute_efficiency": (0.02, 1.5, (0.3, 1.0)),
+}
+
+
+def _predict(stack: Stack, shape: ModelShape, hardware: Hardware, ns: Sequence[int], context: int) -> np.ndarray:
+    return np.array([forward_time(shape, hardware, stack, n, context).total_s for n in ns])
+
+
+def fit_stack(curves: Sequence[tuple[ModelShape, Sequence[float]]], hardware: Hardware, *, context: int,
+              name: str = "fitted", base: Stack | None = None,
+              params: Sequence[str] = ("per_forward_s", "per_layer_s", "bandwidth_efficiency",
+                                       "compute_efficiency")) -> Stack:
+    """Fit ``params`` of a stack to measured curves.
+
+    Args:
+        curves: (shape, times) pairs; ``times[n-1]`` = measured seconds of a forward over
+            n new tokens after ``context`` cached tokens, n = 1..len(times).
+        hardware: the machine's ceilings (bandwidth bytes/s, FLOP/s).
+        context: the cache length the curves were timed at (tokens).
+        name: the fitted stack's name.
+        base: values of the parameters not fitted (default: efficiencies 1, no overhead,
+            host and device in series).
+        params: which of :data:`FIT_PARAMS` to fit (at least one).
+
+    Returns:
+        Stack with the fitted values; ``source`` records the fit's RMS log error.
+
+    Raises:
+        ValueError: for an unknown parameter, no curves, or a non-positive time.
+    """
+    from scipy.optimize import least_squares
+
+    unknown = [p for p in params if p not in FIT_PARAMS]
+    if unknown or not params:
+        raise ValueError(f"params must be a non-empty subset of {list(FIT_PARAMS)}, got {list(params)}")
+    if not curves:
+        raise ValueError("fit_stack needs at least one measured curve")
+    for shape, times in curves:
+        if not len(times) or any(not (t > 0 and math.isfinite(t)) for t in times):
+            raise ValueError(f"{shape.name}: measured times must be positive and finite")
+    base = base or Stack(name)
+    logs = [np.log(np.asarray(times, dtype=float)) for _, times in curves]
+
+    def make(x: np.ndarray) -> Stack:
+        return replace(base, name=name, **{p: float(v) for p, v in zip(params, x)})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        stack = make(x)
+        out = [np.log(_predict(stack, shape, hardware, range(1, len(times) + 1), context)) - lt
+               for (shape, times), lt in zip(curves, logs)]
+        return np.concatenate(out)
+
+    lower = [FIT_PARAMS[p][0] for p in params]
+    upper = [FIT_PARAMS[p][1] for p in params]
+    best = None
+    for start in itertools.product(*(FIT_PARAMS[p][2] for p in params)):
+        res = least_squares(residuals, np.array(start), bounds=(lower, upper), method="trf",
+                            x_scale=np.array(start) + 1e-6)
+        if best is None or res.cost < best.cost:
+            best = res
+    rms = float(np.sqrt(np.mean(best.fun ** 2)))
+    names = ", ".join(shape.name for shape, _ in curves)
+    return replace(make(best.x), source=f"fitted to {names} on {hardware.name} at context {context}: "
+                                        f"RMS log error {rms:.3f}")
+
+
+def measure_curve(model, n_max: int = 8, context: int = 200, repeats: int = 5, warmup: int = 1) -> list[float]:
+    """Median seconds of a forward over n = 1..n_max new tokens after ``context`` tokens.
+
+    ``model`` is a loaded :class:`verispec.models.base.CausalLM`; timing is
+    :func:`verispec.timing.time_forwards` (repeats interleaved over n, cache rolled back).
+    """
+    from ..timing import time_forwards
+
+    vocab = max(2, min(model.vocab_size, 30000))
+    ids = [(1000 + 37 * i) % vocab for i in range(context + n_max)]
+    model.truncate(0)
+    model.forward(ids[:context], keep=1)
+    samples = time_forwards(model, [ids[context:context + n] for n in range(1, n_max + 1)],
+                            repeats=repeats, warmup=warmup)
+    return [float(np.median(s)) for s in samples]
+
+
+def calibrate(models: Sequence[str], backend: str, hardware: Hardware, *, context: int = 200, n_max: int = 8,
+              repeats: int = 5) -> tuple[Stack, dict]:
+    """Load registered models on ``backend``, measure their curves, fit a stack.
+
+    Returns:
+        (stack, {"context": ..., "curves": {model: [seconds, ...]}, "seconds": wall time}).
+
+    Raises:
+        ValueError: for a model that cannot be loaded or sized, or an unknown backend.
+    """
+    from ..api import load_model
+    from .shapes import load_shape
+
+    start = time.perf_counter()
+    curves, raw = [], {}
+    for name in models:
+        shape = load_shape(name, flag="--calibrate")
+        if backend == "transformers":
+            shape = shape.with_dtype("float32")   # the transformers backend runs float32 on a CPU
+        model = load_model(name, backend=backend, fetch_missing=False)
+        times = measure_curve(model, n_max=n_max, context=context, repeats=repeats)
+        del model
+        curves.append((shape, times))
+        raw[name] = times
+    n_params = 2 if len(models) == 1 else 4
+    params = ("per_forward_s", "per_layer_s", "bandwidth_efficiency", "compute_efficiency")[:n_params] \
+        if n_params == 4 else ("per_forward_s", "compute_efficiency")
+    stack = fit_stack(curves, hardware, context=context, name=f"{backend}@local", params=params)
+    return stack, {"context": context, "curves": raw, "seconds": time.perf_counter() - start}
