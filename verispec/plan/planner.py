@@ -225,7 +225,8 @@ def plan(target: "str | ModelShape", draft: "str | ModelShape | None", hardware:
     local = hw.name.startswith("local")
     st = get_stack(stack, default="eager-cpu" if local else "compiled")
     t_shape = load_shape(target, dtype=dtype, flag="--target")
-    d_shape = None if draft is None else load_shape(draft, dtype=draft_dtype or dtype, flag="--draft")
+    d_shape = None if draft is None else load_shape(draft, dtype=draft_dtype or dtype, flag="--draft",
+                                                    dtype_flag="--draft-dtype" if draft_dtype else "--dtype")
     _fits(t_shape, d_shape, hw, context, batch, k_max)
 
     forwards = [forward_time(t_shape, hw, st, n, context, batch) for n in range(1, k_max + 2)]

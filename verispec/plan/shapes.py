@@ -326,7 +326,7 @@ def shape_from_gguf(path: str | os.PathLike, name: str | None = None, dtype: str
 
 
 def load_shape(spec: "str | os.PathLike | ModelShape", dtype: str | None = None,
-               flag: str = "--target") -> ModelShape:
+               flag: str = "--target", dtype_flag: str = "--dtype") -> ModelShape:
     """Resolve a model spec: a :class:`ModelShape`, a registered name, a config.json /
     HF directory or a .gguf file (anything path-like), or a preset (tried in that order).
 
@@ -334,12 +334,15 @@ def load_shape(spec: "str | os.PathLike | ModelShape", dtype: str | None = None,
     converted directory's config.json. ``dtype`` overrides the stored dtype.
 
     Raises:
-        ValueError: naming ``flag`` when the spec is none of those (listing the presets),
-            a registered model is not fetched, or a file cannot be parsed.
+        ValueError: naming ``dtype_flag`` for an unknown dtype, or ``flag`` when the spec
+            is none of those (listing the presets), a registered model is not fetched, or a
+            file cannot be parsed.
     """
     from . import presets
     from .. import registry
 
+    if dtype is not None:
+        dtype_bits(dtype, name=dtype_flag)   # an unknown dtype is the dtype flag's fault, not the model's
     if isinstance(spec, ModelShape):
         return spec.with_dtype(dtype) if dtype else spec
     text = str(spec).strip()
@@ -368,6 +371,6 @@ def load_shape(spec: "str | os.PathLike | ModelShape", dtype: str | None = None,
             return shape_from_config(path, dtype=dtype)
     except (ValueError, FileNotFoundError) as e:
         message = str(e)
-        raise ValueError(message if message.startswith(flag) else f"{flag}: {message}") from e
+        raise ValueError(message if message.startswith("--") else f"{flag}: {message}") from e
     raise ValueError(f"{flag}: unknown model {text!r}: not a preset, a registered model, a config.json / "
                      f"model directory or a .gguf file. Presets: {', '.join(presets.preset_names())}")

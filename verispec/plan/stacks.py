@@ -46,8 +46,8 @@ _GPT_FAST = "pytorch-labs/gpt-fast README (A100-80GB at 330 W; Llama-2-7B bf16 s
 _EAGER_SRC = "benchmarks/plan/eager_overhead.json (HF Llama, hidden 64, 1 host thread, 2-core Xeon VM)"
 
 # measured by benchmarks/plan/eager_overhead.py (see that JSON for the samples and machine load)
-_EAGER_PER_FORWARD_S = 1.0e-3
-_EAGER_PER_LAYER_S = 0.35e-3
+_EAGER_PER_FORWARD_S = 0.28e-3
+_EAGER_PER_LAYER_S = 0.28e-3
 
 STACKS: dict[str, Stack] = {
     "compiled": Stack("compiled", per_forward_s=0.0, per_layer_s=55e-6, bandwidth_efficiency=0.834,
