@@ -63,6 +63,16 @@ def test_efficiencies_scale_the_ceilings():
     assert forward_time(SHAPE, hw, half, 1).total_s == pytest.approx(2 * forward_time(SHAPE, hw, BARE, 1).total_s)
 
 
+def test_overlap_zero_adds_memory_and_compute():
+    hw = Hardware("cpu-like", bandwidth=1e12, flops=1e12)
+    f = forward_time(SHAPE, hw, Stack("sum", overlap=0.0), n=1)
+    assert f.total_s == pytest.approx(f.memory_s + f.compute_s)          # 2 ms + 2 ms
+    g = forward_time(SHAPE, hw, Stack("half", overlap=0.5), n=1)
+    assert g.total_s == pytest.approx(max(g.memory_s, g.compute_s) + 0.5 * min(g.memory_s, g.compute_s))
+    with pytest.raises(ValueError, match="overlap must be in"):
+        Stack("bad", overlap=1.5)
+
+
 def test_tensor_parallel_splits_bytes_and_adds_two_allreduces_per_layer():
     one = Hardware("x", bandwidth=1e12, flops=1e15, link_bandwidth=1e11)
     two = Hardware("x", bandwidth=1e12, flops=1e15, n_devices=2, link_bandwidth=1e11)
@@ -327,3 +337,23 @@ def test_gguf_header_reader_agrees_with_gguf_package(tmp_path):
     assert shape.weight_bytes == 2 * blk and shape.bits_per_weight == 16
     assert (shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.head_dim) == (2, 4, 2, 16)
     assert shape.dtype == "MOSTLY_F16"
+
+
+def test_fit_recovers_a_known_stack_from_curves_it_generated():
+    from verispec.plan.fit import LOCAL_PARAMS, fit_stack
+    from verispec.plan.shapes import shape_from_dims
+
+    hw = Hardware("cpu", bandwidth=20e9, flops=200e9)
+    truth = Stack("truth", per_forward_s=2e-3, per_layer_s=1e-4, bandwidth_efficiency=0.6,
+                  compute_efficiency=0.4, overlap=0.3)
+    small = shape_from_dims("a", n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, d_ff=1536, vocab=49152, dtype="fp32")
+    mid = shape_from_dims("b", n_layers=24, d_model=896, n_heads=14, n_kv_heads=2, d_ff=4864, vocab=151936, dtype="fp32")
+    curves = [(s, [forward_time(s, hw, truth, n, 200).total_s for n in range(1, 13)]) for s in (small, mid)]
+    fitted = fit_stack(curves, hw, context=200, params=LOCAL_PARAMS)
+    big = shape_from_dims("c", n_layers=28, d_model=1536, n_heads=12, n_kv_heads=2, d_ff=8960, vocab=151936, dtype="fp32")
+    for n in (1, 4, 8):   # the fit predicts a third model it never saw
+        assert forward_time(big, hw, fitted, n, 200).total_s == pytest.approx(
+            forward_time(big, hw, truth, n, 200).total_s, rel=0.02)
+    assert "RMS log error" in fitted.source
+    with pytest.raises(ValueError, match="params must be"):
+        fit_stack(curves, hw, context=200, params=("warp",))

@@ -67,11 +67,21 @@ def no_llamacpp_repack() -> None:
 
 
 def measure_backend(backend: str, models: list[str], n_max: int, prefix: int, rounds: int,
-                    warmup: int) -> dict:
+                    warmup: int, threads: int) -> dict:
     from verispec.api import load_model
     from verispec.timing import time_forwards
 
-    loaded = {name: load_model(name, backend=backend, fetch_missing=False) for name in models}
+    if backend == "llamacpp":
+        from verispec.models.llamacpp import LlamaCppModel
+        from verispec.registry import gguf_path, hf_dir
+
+        loaded = {name: LlamaCppModel.load(str(gguf_path(name)), tokenizer_path=str(hf_dir(name)), name=name,
+                                           n_threads=threads) for name in models}
+    else:
+        import torch
+
+        torch.set_num_threads(threads)
+        loaded = {name: load_model(name, backend=backend, fetch_missing=False) for name in models}
     batches = {}
     for name, model in loaded.items():
         vocab = min(model.vocab_size, 30000)
@@ -90,6 +100,7 @@ def measure_backend(backend: str, models: list[str], n_max: int, prefix: int, ro
                     samples[name][j].extend(s)
     out = {
         "backend": backend,
+        "threads": threads,
         "uptime_before": load_before,
         "uptime_after": uptime(),
         "seconds": time.time() - start,
@@ -113,6 +124,10 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads per forward (1: a thread descheduled by another process's load "
+                         "cannot stall the others at a barrier, which made 2-thread llama.cpp timings "
+                         "on the shared 2-core VM swing by 10x)")
     ap.add_argument("--no-repack", action=argparse.BooleanOptionalAction, default=True,
                     help="load GGUFs without llama.cpp's weight repacking (see no_llamacpp_repack)")
     args = ap.parse_args()
@@ -123,20 +138,27 @@ def main() -> None:
 
     result = {
         "command": " ".join(["python"] + sys.argv),
-        "machine": f"{cpu_name()}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}",
+        "machine": f"{cpu_name()}, {os.cpu_count()} logical CPUs",
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "llama_cpp_python": llama_cpp.__version__},
         "prefix_tokens": args.prefix, "n_max": args.n_max, "rounds": args.rounds, "warmup": args.warmup,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "backends": {},
     }
+    from verispec.plan.local import measure_bandwidth, measure_flops
+
+    def ceilings() -> dict:
+        return {"bandwidth_bytes_s": measure_bandwidth(), "flops": measure_flops(), "uptime": uptime()}
+
+    result["ceilings"] = [ceilings()]
     if args.no_repack:
         no_llamacpp_repack()
     result["llamacpp_extra_buffer_types"] = not args.no_repack
     for backend in args.backends.split(","):
         print(f"measuring {backend} ...", file=sys.stderr, flush=True)
         result["backends"][backend] = measure_backend(backend, args.models.split(","), args.n_max,
-                                                      args.prefix, args.rounds, args.warmup)
+                                                      args.prefix, args.rounds, args.warmup, args.threads)
+        result["ceilings"].append(ceilings())
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     print(f"wrote {args.out}", file=sys.stderr)

@@ -2,8 +2,9 @@
 
 Given measured T(n) of one or more models on one backend (llama.cpp, transformers) and
 the machine's measured ceilings (:func:`verispec.plan.local.local_hardware`), choose the
-stack's free parameters - by default the per-forward overhead, the per-layer overhead
-and the attainable fractions of bandwidth and FLOP/s - to minimise the squared log
+stack's free parameters - the per-forward and per-layer overheads, the attainable
+fractions of bandwidth and FLOP/s, and how far memory and arithmetic overlap
+(:data:`LOCAL_PARAMS`) - to minimise the squared log
 error of the roofline's T(n) (:func:`verispec.plan.roofline.forward_time`) over every
 measured point: relative errors, so a 30 ms model and a 300 ms model weigh alike.
 ``scipy.optimize.least_squares`` (trust-region reflective, with bounds) from a few
@@ -28,15 +29,19 @@ from .hardware import Hardware
 from .roofline import Stack, forward_time
 from .shapes import ModelShape
 
-__all__ = ["FIT_PARAMS", "fit_stack", "measure_curve", "calibrate"]
+__all__ = ["FIT_PARAMS", "LOCAL_PARAMS", "fit_stack", "measure_curve", "calibrate"]
 
-# parameter: (lower bound, upper bound, starting values)
-FIT_PARAMS: dict[str, tuple[float, float, tuple[float, ...]]] = {
-    "per_forward_s": (0.0, 1.0, (1e-4, 3e-3)),
-    "per_layer_s": (0.0, 0.1, (1e-5, 3e-4)),
-    "bandwidth_efficiency": (0.02, 1.5, (0.5, 1.0)),
-    "compute_efficiency": (0.02, 1.5, (0.3, 1.0)),
+# parameter: (lower bound, upper bound, starting values, typical scale)
+FIT_PARAMS: dict[str, tuple[float, float, tuple[float, ...], float]] = {
+    "per_forward_s": (0.0, 1.0, (1e-4, 3e-3), 1e-3),
+    "per_layer_s": (0.0, 0.1, (1e-5, 3e-4), 1e-4),
+    "bandwidth_efficiency": (0.02, 1.5, (0.5, 1.0), 0.5),
+    "compute_efficiency": (0.02, 1.5, (0.3, 1.0), 0.5),
+    "overlap": (0.0, 1.0, (0.0, 1.0), 0.5),
 }
+# what a local calibration fits: overheads, both efficiencies, and how far loads and
+# arithmetic overlap on these cores (the data decide between max and sum)
+LOCAL_PARAMS = ("per_forward_s", "per_layer_s", "bandwidth_efficiency", "compute_efficiency", "overlap")
 
 
 def _predict(stack: Stack, shape: ModelShape, hardware: Hardware, ns: Sequence[int], context: int) -> np.ndarray:
@@ -91,8 +96,8 @@ def fit_stack(curves: Sequence[tuple[ModelShape, Sequence[float]]], hardware: Ha
     upper = [FIT_PARAMS[p][1] for p in params]
     best = None
     for start in itertools.product(*(FIT_PARAMS[p][2] for p in params)):
-        res = least_squares(residuals, np.array(start), bounds=(lower, upper), method="trf",
-                            x_scale=np.array(start) + 1e-6)
+        res = least_squares(residuals, np.array(start, dtype=float), bounds=(lower, upper), method="trf",
+                            x_scale=np.array([FIT_PARAMS[p][3] for p in params]))
         if best is None or res.cost < best.cost:
             best = res
     rms = float(np.sqrt(np.mean(best.fun ** 2)))
@@ -142,8 +147,7 @@ def calibrate(models: Sequence[str], backend: str, hardware: Hardware, *, contex
         del model
         curves.append((shape, times))
         raw[name] = times
-    n_params = 2 if len(models) == 1 else 4
-    params = ("per_forward_s", "per_layer_s", "bandwidth_efficiency", "compute_efficiency")[:n_params] \
-        if n_params == 4 else ("per_forward_s", "compute_efficiency")
+    # one model cannot separate per-forward from per-layer costs: fit one overhead then
+    params = LOCAL_PARAMS if len(models) > 1 else tuple(p for p in LOCAL_PARAMS if p != "per_layer_s")
     stack = fit_stack(curves, hardware, context=context, name=f"{backend}@local", params=params)
     return stack, {"context": context, "curves": raw, "seconds": time.perf_counter() - start}

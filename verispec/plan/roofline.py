@@ -6,7 +6,9 @@ N ways; Shoeybi et al. 2019):
 
     memory   = (weight_bytes + B · context · kv_bytes_per_token) / N / (bandwidth · e_bw)
     compute  = FLOPs(n, context, B) / N / (peak · e_flops)
-    roofline = max(memory, compute)                       (Williams et al. 2009)
+    roofline = max(memory, compute)                       (Williams et al. 2009; with
+             + (1 − overlap) · min(memory, compute)        overlap < 1 when the same cores
+                                                           load and multiply, as on a CPU)
     comm     = 2 · layers · (latency + 2 (N − 1)/N · n · B · d_model · act_bytes / link)   if N > 1
     overhead = per_forward + per_layer · layers
     T(n)     = roofline + comm + overhead                 (host and device in series)
@@ -55,6 +57,9 @@ class Stack:
         allreduce_latency_s: seconds per all-reduce beyond the bandwidth term (N > 1).
         overhead_overlaps: host overhead runs concurrently with device work
             (asynchronous GPU launches): T = max(device, overhead) instead of the sum.
+        overlap: how far weight reads and arithmetic overlap, in [0, 1]: 1 is the pure
+            roofline max(memory, compute) (GPUs: separate memory system and tensor
+            cores); 0 is their sum. Only fitted stacks (:mod:`verispec.plan.fit`) use < 1.
         source: where the numbers come from.
     """
 
@@ -65,9 +70,12 @@ class Stack:
     compute_efficiency: float = 1.0
     allreduce_latency_s: float = 0.0
     overhead_overlaps: bool = False
+    overlap: float = 1.0
     source: str = ""
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.overlap, (int, float)) and 0.0 <= self.overlap <= 1.0):
+            raise ValueError(f"stack {self.name}: overlap must be in [0, 1], got {self.overlap!r}")
         for field in ("per_forward_s", "per_layer_s", "allreduce_latency_s"):
             value = getattr(self, field)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -145,7 +153,7 @@ def forward_time(shape: ModelShape, hardware: Hardware, stack: Stack, n: int, co
             per += 2.0 * (devices - 1) / devices * payload / hardware.link_bandwidth
         comm_s = 2 * shape.n_layers * per
     overhead_s = stack.per_forward_s + stack.per_layer_s * shape.n_layers
-    device_s = max(memory_s, compute_s) + comm_s
+    device_s = max(memory_s, compute_s) + (1.0 - stack.overlap) * min(memory_s, compute_s) + comm_s
     total_s = max(device_s, overhead_s) if stack.overhead_overlaps else device_s + overhead_s
     parts = {"memory": memory_s, "compute": compute_s, "overhead": overhead_s}
     bound = max(parts, key=parts.get)
