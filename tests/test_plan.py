@@ -7,8 +7,20 @@ from pathlib import Path
 import pytest
 
 from verispec import registry
-from verispec.plan import (Hardware, ModelShape, Stack, forward_time, get_preset, load_shape, parse_hardware,
-                           plan, preset_names, project_analysis, shape_from_config, shape_from_gguf)
+from verispec.plan import (
+    Hardware,
+    ModelShape,
+    Stack,
+    forward_time,
+    get_preset,
+    load_shape,
+    parse_hardware,
+    plan,
+    preset_names,
+    project_analysis,
+    shape_from_config,
+    shape_from_gguf,
+)
 from verispec.plan.planner import alpha_from_tau, break_even_alpha, ceiling
 from verispec.plan.presets import preset_config
 from verispec.theory import CostCurve, expected_tokens, speedup_constant_cost
@@ -242,8 +254,9 @@ def test_break_even_alpha_and_ceiling_are_consistent():
     curve = p.cost_curve
     assert max(curve.speedup(be + 1e-3, k) for k in range(1, 7)) > 1
     assert max(curve.speedup(be - 1e-3, k) for k in range(1, 7)) < 1
-    k, s = ceiling(curve, 6)
+    k_c, s = ceiling(curve, 6)
     assert s == pytest.approx(max(curve.speedup(1.0, kk) for kk in range(7))) and p.ceiling_speedup == s
+    assert curve.speedup(1.0, k_c) == s and p.ceiling_k == k_c
 
 
 def test_no_break_even_when_verification_is_compute_bound():

@@ -36,14 +36,39 @@ from .planner import Plan, alpha_from_tau, break_even_alpha, ceiling, plan
 from .presets import PRESETS, get_preset, preset_names
 from .project import load_analysis_alphas, project_analysis
 from .roofline import ForwardTime, Stack, forward_time
-from .shapes import ModelShape, dtype_bits, load_shape, shape_from_config, shape_from_dims, shape_from_gguf
+from .shapes import (
+    ModelShape,
+    dtype_bits,
+    load_shape,
+    shape_from_config,
+    shape_from_dims,
+    shape_from_gguf,
+)
 from .stacks import STACKS, get_stack
 
 __all__ = [
-    "plan", "Plan", "alpha_from_tau", "break_even_alpha", "ceiling",
-    "project_analysis", "load_analysis_alphas",
-    "Hardware", "catalogue", "parse_hardware",
-    "ModelShape", "load_shape", "shape_from_config", "shape_from_gguf", "shape_from_dims", "dtype_bits",
-    "PRESETS", "get_preset", "preset_names",
-    "Stack", "ForwardTime", "forward_time", "STACKS", "get_stack",
+    "PRESETS",
+    "STACKS",
+    "ForwardTime",
+    "Hardware",
+    "ModelShape",
+    "Plan",
+    "Stack",
+    "alpha_from_tau",
+    "break_even_alpha",
+    "catalogue",
+    "ceiling",
+    "dtype_bits",
+    "forward_time",
+    "get_preset",
+    "get_stack",
+    "load_analysis_alphas",
+    "load_shape",
+    "parse_hardware",
+    "plan",
+    "preset_names",
+    "project_analysis",
+    "shape_from_config",
+    "shape_from_dims",
+    "shape_from_gguf",
 ]

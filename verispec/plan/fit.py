@@ -20,8 +20,8 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from .hardware import Hardware
 from .roofline import Stack, forward_time
 from .shapes import ModelShape
 
-__all__ = ["FIT_PARAMS", "LOCAL_PARAMS", "fit_stack", "measure_curve", "calibrate"]
+__all__ = ["FIT_PARAMS", "LOCAL_PARAMS", "calibrate", "fit_stack", "measure_curve"]
 
 # parameter: (lower bound, upper bound, starting values, typical scale)
 FIT_PARAMS: dict[str, tuple[float, float, tuple[float, ...], float]] = {

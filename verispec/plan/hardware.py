@@ -159,7 +159,7 @@ _KEYS = {"bw": "bandwidth", "bandwidth": "bandwidth", "flops": "flops", "peak": 
          "link": "link_bandwidth", "interconnect": "link_bandwidth", "name": "name"}
 
 
-def parse_hardware(spec: "str | Hardware", flag: str = "--hardware") -> Hardware:
+def parse_hardware(spec: str | Hardware, flag: str = "--hardware") -> Hardware:
     """Parse a ``--hardware`` value (see the module doc); ``local`` is measured.
 
     Raises:

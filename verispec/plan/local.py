@@ -22,7 +22,7 @@ from functools import lru_cache
 
 from .hardware import Hardware
 
-__all__ = ["measure_bandwidth", "measure_flops", "physical_memory", "local_hardware"]
+__all__ = ["local_hardware", "measure_bandwidth", "measure_flops", "physical_memory"]
 
 
 def _best_seconds(fn, repeats: int) -> float:
@@ -40,9 +40,7 @@ def measure_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
     import torch
 
     x = torch.ones(nbytes // 4, dtype=torch.float32)
-    seconds = _best_seconds(lambda: float(x.sum()), repeats)
-    del x
-    return nbytes / seconds
+    return nbytes / _best_seconds(lambda: float(x.sum()), repeats)
 
 
 def measure_flops(dim: int = 1024, repeats: int = 5) -> float:

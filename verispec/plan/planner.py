@@ -15,8 +15,9 @@ break-even α is the smallest α for which some k in 1..k_max has S(k) > 1 (E ri
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from ..theory import CostCurve, expected_tokens, expected_tokens_positional
 from .hardware import Hardware, parse_hardware
@@ -24,7 +25,7 @@ from .roofline import ForwardTime, Stack, forward_time
 from .shapes import ModelShape, load_shape
 from .stacks import get_stack
 
-__all__ = ["Plan", "plan", "alpha_from_tau", "break_even_alpha", "ceiling"]
+__all__ = ["Plan", "alpha_from_tau", "break_even_alpha", "ceiling", "plan"]
 
 
 @dataclass
@@ -165,10 +166,10 @@ def _fits(target: ModelShape, draft: ModelShape | None, hardware: Hardware, cont
             f"{room / 1e9:.1f} GB; use more devices (',n=N'), a smaller --dtype, or a shorter --context")
 
 
-def plan(target: "str | ModelShape", draft: "str | ModelShape | None", hardware: "str | Hardware", *,
+def plan(target: str | ModelShape, draft: str | ModelShape | None, hardware: str | Hardware, *,
          alpha: float | None = None, alphas: Sequence[float] | None = None, tau: float | None = None,
          tau_k: int | None = None, context: int = 512, batch: int = 1, k_max: int = 8,
-         dtype: str | None = None, draft_dtype: str | None = None, stack: "str | Stack | None" = None,
+         dtype: str | None = None, draft_dtype: str | None = None, stack: str | Stack | None = None,
          alpha_source: str | None = None) -> Plan:
     """Predict T_t(n), T_d, c, E(α, k), S(k), k*, the break-even α and the ceiling.
 

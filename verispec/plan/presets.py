@@ -19,7 +19,7 @@ import re
 
 from .shapes import ModelShape, shape_from_dims
 
-__all__ = ["PRESETS", "get_preset", "preset_names", "preset_config"]
+__all__ = ["PRESETS", "get_preset", "preset_config", "preset_names"]
 
 _L2 = dict(vocab=32000)
 _L3 = dict(vocab=128256)

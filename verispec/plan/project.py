@@ -19,7 +19,7 @@ from .planner import Plan, plan
 __all__ = ["load_analysis_alphas", "project_analysis"]
 
 
-def _read(analysis: "dict | str | os.PathLike") -> tuple[dict, str]:
+def _read(analysis: dict | str | os.PathLike) -> tuple[dict, str]:
     if isinstance(analysis, dict):
         return analysis, "analysis"
     path = Path(analysis)
@@ -31,7 +31,7 @@ def _read(analysis: "dict | str | os.PathLike") -> tuple[dict, str]:
         raise ValueError(f"--alpha-from: cannot read an analysis.json from {analysis}: {e}") from e
 
 
-def load_analysis_alphas(analysis: "dict | str | os.PathLike", category: str = "overall") -> list[float]:
+def load_analysis_alphas(analysis: dict | str | os.PathLike, category: str = "overall") -> list[float]:
     """Per-position α_1..α_K of one category of an analysis (unreached positions → 0).
 
     Raises:
@@ -45,7 +45,7 @@ def load_analysis_alphas(analysis: "dict | str | os.PathLike", category: str = "
     return [0.0 if a is None else min(max(float(a), 0.0), 1.0) for a in block["alphas"]]
 
 
-def project_analysis(analysis: "dict | str | os.PathLike", hardware: Any, *, category: str = "overall",
+def project_analysis(analysis: dict | str | os.PathLike, hardware: Any, *, category: str = "overall",
                      target: Any = None, draft: Any = None, **plan_kwargs: Any) -> Plan:
     """The plan for an analysis's pair and measured α on ``hardware``.
 

@@ -39,7 +39,7 @@ from typing import Any
 from .hardware import Hardware
 from .shapes import ModelShape
 
-__all__ = ["Stack", "ForwardTime", "forward_time"]
+__all__ = ["ForwardTime", "Stack", "forward_time"]
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,20 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-__all__ = ["ModelShape", "DTYPE_BITS", "dtype_bits", "shape_from_dims", "shape_from_config",
-           "shape_from_gguf", "load_shape"]
+__all__ = [
+    "DTYPE_BITS",
+    "ModelShape",
+    "dtype_bits",
+    "load_shape",
+    "shape_from_config",
+    "shape_from_dims",
+    "shape_from_gguf",
+]
 
 # Bits per weight as stored (block scales included). GGUF block types: bytes per block
 # × 8 / weights per block, from ggml's type table (Q4_0: 18 bytes / 32 weights = 4.5;
@@ -138,7 +146,7 @@ class ModelShape:
         attention = 4.0 * self.n_layers * self.n_heads * self.head_dim * pairs
         return batch * (2.0 * self.decode_params * n + attention)
 
-    def with_dtype(self, dtype: str) -> "ModelShape":
+    def with_dtype(self, dtype: str) -> ModelShape:
         """The same model stored as ``dtype`` (bytes rescaled from the parameter counts).
 
         Raises:
@@ -325,7 +333,7 @@ def shape_from_gguf(path: str | os.PathLike, name: str | None = None, dtype: str
     return shape.with_dtype(dtype) if dtype else shape
 
 
-def load_shape(spec: "str | os.PathLike | ModelShape", dtype: str | None = None,
+def load_shape(spec: str | os.PathLike | ModelShape, dtype: str | None = None,
                flag: str = "--target", dtype_flag: str = "--dtype") -> ModelShape:
     """Resolve a model spec: a :class:`ModelShape`, a registered name, a config.json /
     HF directory or a .gguf file (anything path-like), or a preset (tried in that order).
@@ -338,8 +346,8 @@ def load_shape(spec: "str | os.PathLike | ModelShape", dtype: str | None = None,
             is none of those (listing the presets), a registered model is not fetched, or a
             file cannot be parsed.
     """
-    from . import presets
     from .. import registry
+    from . import presets
 
     if dtype is not None:
         dtype_bits(dtype, name=dtype_flag)   # an unknown dtype is the dtype flag's fault, not the model's

@@ -80,7 +80,7 @@ def save_stack(stack: Stack, path: str | os.PathLike) -> None:
     Path(path).write_text(json.dumps(stack.as_dict(), indent=1) + "\n")
 
 
-def get_stack(spec: "str | Stack | None", default: str = "compiled") -> Stack:
+def get_stack(spec: str | Stack | None, default: str = "compiled") -> Stack:
     """A named stack, a stack JSON file, or the default.
 
     Raises:
