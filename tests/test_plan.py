@@ -370,3 +370,18 @@ def test_fit_recovers_a_known_stack_from_curves_it_generated():
     assert "RMS log error" in fitted.source
     with pytest.raises(ValueError, match="params must be"):
         fit_stack(curves, hw, context=200, params=("warp",))
+
+
+def test_calibrate_fits_a_stack_to_a_real_models_curve():
+    """--hardware local --calibrate: time SmolLM2-135M (transformers) and fit this machine's stack."""
+    if not (registry.hf_dir("smollm2-135m") / "config.json").is_file():
+        pytest.skip("smollm2-135m is not converted (verispec models fetch smollm2-135m)")
+    from verispec.plan.fit import calibrate
+
+    hw = Hardware("cpu", bandwidth=10e9, flops=100e9)   # fixed ceilings: no micro-benchmark in a test
+    stack, raw = calibrate(["smollm2-135m"], "transformers", hw, context=16, n_max=3, repeats=1)
+    assert len(raw["curves"]["smollm2-135m"]) == 3 and all(t > 0 for t in raw["curves"]["smollm2-135m"])
+    assert stack.name == "transformers@local" and stack.per_layer_s == 0.0   # one model: one overhead
+    assert "fitted to smollm2-135m" in stack.source
+    p = plan("qwen2.5-1.5b", "qwen2.5-0.5b", hw, alpha=0.7, stack=stack, dtype="float32", k_max=3)
+    assert p.stack is stack and len(p.target_times) == 4
