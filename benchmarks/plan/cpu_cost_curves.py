@@ -150,15 +150,16 @@ def main() -> None:
     def ceilings() -> dict:
         return {"bandwidth_bytes_s": measure_bandwidth(), "flops": measure_flops(), "uptime": uptime()}
 
-    result["ceilings"] = [ceilings()]
     if args.no_repack:
         no_llamacpp_repack()
     result["llamacpp_extra_buffer_types"] = not args.no_repack
     for backend in args.backends.split(","):
         print(f"measuring {backend} ...", file=sys.stderr, flush=True)
-        result["backends"][backend] = measure_backend(backend, args.models.split(","), args.n_max,
-                                                      args.prefix, args.rounds, args.warmup, args.threads)
-        result["ceilings"].append(ceilings())
+        before = ceilings()
+        block = measure_backend(backend, args.models.split(","), args.n_max, args.prefix, args.rounds,
+                                args.warmup, args.threads)
+        block["ceilings"] = [before, ceilings()]   # this machine's bandwidth and FLOP/s around the run
+        result["backends"][backend] = block
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     print(f"wrote {args.out}", file=sys.stderr)

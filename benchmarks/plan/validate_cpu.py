@@ -82,46 +82,53 @@ def score(backend: str, block: dict, hw: Hardware, context: int, alphas: list[fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=str(HERE / "cpu_cost_curves.json"))
+    ap.add_argument("--data", nargs="+", default=[str(HERE / "cpu_cost_curves.json")],
+                    help="cpu_cost_curves.py output(s); a backend in a later file replaces an earlier one")
     ap.add_argument("--analysis", default=str(HERE.parent / "analysis-llamacpp" / "analysis.json"))
     ap.add_argument("--out", default=str(HERE))
     args = ap.parse_args()
-    data = json.loads(Path(args.data).read_text())
+    runs = [json.loads(Path(p).read_text()) for p in args.data]
     analysis = json.loads(Path(args.analysis).read_text())
     alphas = [0.0 if a is None else a for a in analysis["overall"]["alphas"]]
-    ceilings = data["ceilings"]
-    hw = Hardware("local (measured in the run)", bandwidth=max(c["bandwidth_bytes_s"] for c in ceilings),
-                  flops=max(c["flops"] for c in ceilings))
-    context = data["prefix_tokens"]
     no_overlap = tuple(p for p in LOCAL_PARAMS if p != "overlap")
     results = {}
-    for backend, block in data["backends"].items():
-        results[backend] = {"primary": score(backend, block, hw, context, alphas, LOCAL_PARAMS),
-                            "ablation_overlap_1": score(backend, block, hw, context, alphas, no_overlap),
-                            "uptime": [block["uptime_before"], block["uptime_after"]], "threads": block.get("threads")}
+    for run in runs:
+        for backend, block in run["backends"].items():
+            ceilings = block.get("ceilings") or run["ceilings"]
+            hw = Hardware("local (measured in the run)", bandwidth=max(c["bandwidth_bytes_s"] for c in ceilings),
+                          flops=max(c["flops"] for c in ceilings))
+            context = run["prefix_tokens"]
+            results[backend] = {
+                "primary": score(backend, block, hw, context, alphas, LOCAL_PARAMS),
+                "ablation_overlap_1": score(backend, block, hw, context, alphas, no_overlap),
+                "uptime": [block["uptime_before"], block["uptime_after"]], "threads": block.get("threads"),
+                "hardware": hw.as_dict(), "command": run["command"], "date": run["date"], "machine": run["machine"],
+                "versions": run["versions"], "rounds": run["rounds"],
+                "llamacpp_extra_buffer_types": run.get("llamacpp_extra_buffer_types")}
     out = Path(args.out)
-    (out / "cpu.json").write_text(json.dumps({"source": args.data, "hardware": hw.as_dict(), "results": results},
-                                             indent=1) + "\n")
-    report(data, hw, results, out)
-    plot(data, results, out / "cpu.png")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cpu.json").write_text(json.dumps({"source": args.data, "results": results}, indent=1) + "\n")
+    report(results, out)
+    plot(results, out / "cpu.png")
     print((out / "cpu.md").read_text())
 
 
-def report(data: dict, hw: Hardware, results: dict, out: Path) -> None:
+def report(results: dict, out: Path) -> None:
     lines = ["# `verispec plan` on this machine: fit on two models, predict the 1.5B target", "",
-             f"Measured by `{data['command']}` on {data['machine']} ({data['date']}; "
-             f"{', '.join(f'{k} {v}' for k, v in data['versions'].items())}; llama.cpp extra buffer types "
-             f"{'on' if data.get('llamacpp_extra_buffer_types') else 'off'}); fitted and scored by "
-             "`benchmarks/plan/validate_cpu.py`. Ratios only; absolute times on this shared VM are not comparable "
-             "between runs.", "",
-             f"Ceilings measured in the same run (best of before/after): {hw.bandwidth / 1e9:.1f} GB/s read, "
-             f"{hw.flops / 1e9:.0f} GFLOP/s float32 matmul. Stack fitted on {' and '.join(FIT_ON)} only; "
-             f"{TARGET} is predicted.", ""]
+             f"Stack fitted on {' and '.join(FIT_ON)} only; {TARGET} is predicted. Fitted and scored by "
+             "`benchmarks/plan/validate_cpu.py`. Ratios only: absolute times on this shared VM are not comparable "
+             "between runs (other helpers' jobs load its 2 cores; see the load lines).", ""]
     for backend, r in results.items():
         prim, abl = r["primary"], r["ablation_overlap_1"]
-        s = prim["stack"]
+        s, hw = prim["stack"], r["hardware"]
         lines += [f"## {backend} ({r['threads']} thread)", "",
+                  f"Measured by `{r['command']}` on {r['machine']} ({r['date']}; "
+                  f"{', '.join(f'{k} {v}' for k, v in r['versions'].items())}; {r['rounds']} interleaved rounds, "
+                  f"median" + ("; llama.cpp extra buffer types off" if backend == "llamacpp"
+                               and r["llamacpp_extra_buffer_types"] is False else "") + ").", "",
                   f"Load: `{r['uptime'][0]}` → `{r['uptime'][1]}`", "",
+                  f"Ceilings measured around the run (best of before/after): {hw['bandwidth'] / 1e9:.1f} GB/s read, "
+                  f"{hw['flops'] / 1e9:.0f} GFLOP/s float32 matmul.", "",
                   f"Fitted stack: per forward {s['per_forward_s'] * 1e3:.2f} ms, per layer {s['per_layer_s'] * 1e3:.3f} ms, "
                   f"bandwidth × {s['bandwidth_efficiency']:.2f}, FLOP/s × {s['compute_efficiency']:.2f}, overlap "
                   f"{s['overlap']:.2f}; in-sample RMS error "
@@ -144,7 +151,7 @@ def report(data: dict, hw: Hardware, results: dict, out: Path) -> None:
     (out / "cpu.md").write_text("\n".join(lines) + "\n")
 
 
-def plot(data: dict, results: dict, path: Path) -> None:
+def plot(results: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
