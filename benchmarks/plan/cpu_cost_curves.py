@@ -4,6 +4,13 @@ The planner's CPU validation (benchmarks/plan/validate_cpu.py) fits its per-forw
 overhead and efficiencies on SmolLM2-135M and Qwen2.5-Coder-0.5B and predicts the
 1.5B target's curve; this script produces the measurements it reads.
 
+Timing is single-threaded by default and counts the timing thread's CPU seconds
+(`time.thread_time`): with one thread, llama.cpp and torch compute on the calling thread,
+so the clock measures the forward's own work, which the 2-10x load other helpers put on
+this shared 2-core VM does not stretch (wall-clock timings under that load swung by 10x).
+The machine's ceilings (read bandwidth, matmul FLOP/s) are measured the same way, before
+and after each backend.
+
 All models of one backend are loaded together and timed in interleaved rounds
 (round r times every n of every model once, via `verispec.timing.time_forwards`), so
 a burst of load from other processes on this shared machine hits every point alike.
@@ -67,7 +74,7 @@ def no_llamacpp_repack() -> None:
 
 
 def measure_backend(backend: str, models: list[str], n_max: int, prefix: int, rounds: int,
-                    warmup: int, threads: int) -> dict:
+                    warmup: int, threads: int, clock) -> dict:
     from verispec.api import load_model
     from verispec.timing import time_forwards
 
@@ -94,7 +101,7 @@ def measure_backend(backend: str, models: list[str], n_max: int, prefix: int, ro
     start = time.time()
     for r in range(warmup + rounds):
         for name, model in loaded.items():
-            one = time_forwards(model, batches[name], repeats=1, warmup=0)
+            one = time_forwards(model, batches[name], repeats=1, warmup=0, clock=clock)
             if r >= warmup:
                 for j, s in enumerate(one):
                     samples[name][j].extend(s)
@@ -128,6 +135,10 @@ def main() -> None:
                     help="CPU threads per forward (1: a thread descheduled by another process's load "
                          "cannot stall the others at a barrier, which made 2-thread llama.cpp timings "
                          "on the shared 2-core VM swing by 10x)")
+    ap.add_argument("--clock", choices=["thread", "wall"], default="thread",
+                    help="thread: CPU seconds of the timing thread (time.thread_time; with one thread the "
+                         "forward runs on it, and other processes' load no longer stretches the times); "
+                         "wall: time.perf_counter")
     ap.add_argument("--no-repack", action=argparse.BooleanOptionalAction, default=True,
                     help="load GGUFs without llama.cpp's weight repacking (see no_llamacpp_repack)")
     args = ap.parse_args()
@@ -147,8 +158,14 @@ def main() -> None:
     }
     from verispec.plan.local import measure_bandwidth, measure_flops
 
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
+    if args.clock == "thread" and args.threads != 1:
+        sys.exit("--clock thread needs --threads 1 (it counts the calling thread's CPU time only)")
+    torch.set_num_threads(args.threads)
+
     def ceilings() -> dict:
-        return {"bandwidth_bytes_s": measure_bandwidth(), "flops": measure_flops(), "uptime": uptime()}
+        return {"bandwidth_bytes_s": measure_bandwidth(clock=clock), "flops": measure_flops(clock=clock),
+                "uptime": uptime(), "threads": args.threads}
 
     if args.no_repack:
         no_llamacpp_repack()
@@ -157,7 +174,8 @@ def main() -> None:
         print(f"measuring {backend} ...", file=sys.stderr, flush=True)
         before = ceilings()
         block = measure_backend(backend, args.models.split(","), args.n_max, args.prefix, args.rounds,
-                                args.warmup, args.threads)
+                                args.warmup, args.threads, clock)
+        block["clock"] = args.clock
         block["ceilings"] = [before, ceilings()]   # this machine's bandwidth and FLOP/s around the run
         result["backends"][backend] = block
         with open(args.out, "w") as f:

@@ -25,32 +25,36 @@ from .hardware import Hardware
 __all__ = ["local_hardware", "measure_bandwidth", "measure_flops", "physical_memory"]
 
 
-def _best_seconds(fn, repeats: int) -> float:
+def _best_seconds(fn, repeats: int, clock=time.perf_counter) -> float:
     fn()   # warm-up: page faults, thread pool start
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
 
 
-def measure_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
-    """Read bandwidth in bytes/s: ``nbytes`` of float32 summed by torch, best of ``repeats``."""
+def measure_bandwidth(nbytes: int = 1 << 30, repeats: int = 5, clock=time.perf_counter) -> float:
+    """Read bandwidth in bytes/s: ``nbytes`` of float32 summed by torch, best of ``repeats``.
+
+    ``clock`` (seconds) may be ``time.thread_time`` for a one-thread measurement that
+    other processes' load does not stretch.
+    """
     import torch
 
     x = torch.ones(nbytes // 4, dtype=torch.float32)
-    return nbytes / _best_seconds(lambda: float(x.sum()), repeats)
+    return nbytes / _best_seconds(lambda: float(x.sum()), repeats, clock)
 
 
-def measure_flops(dim: int = 1024, repeats: int = 5) -> float:
-    """float32 matmul throughput in FLOP/s: 2·dim³ / best seconds of ``torch.mm``."""
+def measure_flops(dim: int = 1024, repeats: int = 5, clock=time.perf_counter) -> float:
+    """float32 matmul throughput in FLOP/s: 2·dim³ / best seconds of ``torch.mm`` (``clock`` as above)."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(dim, dim, generator=gen)
     b = torch.randn(dim, dim, generator=gen)
-    seconds = _best_seconds(lambda: torch.mm(a, b), repeats)
+    seconds = _best_seconds(lambda: torch.mm(a, b), repeats, clock)
     return 2.0 * dim**3 / seconds
 
 

@@ -19,11 +19,13 @@ No constant here was fitted to the published speedups the planner is validated a
 
 ``eager`` - PyTorch eager with Hugging Face transformers on a GPU. The GPU is idle while
     Python dispatches each operator, and kernels are enqueued asynchronously, so a forward
-    costs max(device time, host time) (``overhead_overlaps``). Host time per forward and
-    per layer is what ``benchmarks/plan/eager_overhead.py`` measures on a CPU with a model
-    too narrow to compute (hidden size 64): the dispatch cost itself. The numbers below are
-    that script's result on this project's 2-core Xeon VM (``benchmarks/plan/eager_overhead.json``);
-    a faster host CPU dispatches faster. Efficiencies as ``compiled``.
+    costs max(device time, host time) (``overhead_overlaps``). Host time per token and per
+    layer is what ``benchmarks/plan/eager_overhead.py`` measures on a CPU with a model too
+    narrow to compute (hidden size 64): greedy ``generate()``, 0.56 ms per token + 0.36 ms
+    per layer in thread CPU time on this project's 2-core Xeon VM
+    (``benchmarks/plan/eager_overhead.json``). It leaves out CUDA launch latency (no GPU
+    here), so it underestimates a GPU host's time; a faster host CPU dispatches faster.
+    Efficiencies as ``compiled``.
 
 ``eager-cpu`` - the same host costs on a CPU, where the cores that dispatch also compute:
     T = roofline + overhead; efficiencies 1 because ``--hardware local`` measures attained
@@ -43,11 +45,11 @@ from .roofline import Stack
 __all__ = ["STACKS", "get_stack", "load_stack", "save_stack"]
 
 _GPT_FAST = "pytorch-labs/gpt-fast README (A100-80GB at 330 W; Llama-2-7B bf16 single-GPU and tensor-parallel rows)"
-_EAGER_SRC = "benchmarks/plan/eager_overhead.json (HF Llama, hidden 64, 1 host thread, 2-core Xeon VM)"
+_EAGER_SRC = "benchmarks/plan/eager_overhead.json (HF generate(), Llama of hidden 64, 1 host thread, 2-core Xeon VM)"
 
 # measured by benchmarks/plan/eager_overhead.py (see that JSON for the samples and machine load)
-_EAGER_PER_FORWARD_S = 0.28e-3
-_EAGER_PER_LAYER_S = 0.28e-3
+_EAGER_PER_FORWARD_S = 0.56e-3
+_EAGER_PER_LAYER_S = 0.36e-3
 
 STACKS: dict[str, Stack] = {
     "compiled": Stack("compiled", per_forward_s=0.0, per_layer_s=55e-6, bandwidth_efficiency=0.834,
