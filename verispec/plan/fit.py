@@ -33,8 +33,8 @@ __all__ = ["FIT_PARAMS", "LOCAL_PARAMS", "calibrate", "fit_stack", "measure_curv
 
 # parameter: (lower bound, upper bound, starting values, typical scale)
 FIT_PARAMS: dict[str, tuple[float, float, tuple[float, ...], float]] = {
-    "per_forward_s": (0.0, 1.0, (1e-4, 3e-3), 1e-3),
-    "per_layer_s": (0.0, 0.1, (1e-5, 3e-4), 1e-4),
+    "per_forward_s": (0.0, 1.0, (1e-3,), 1e-3),
+    "per_layer_s": (0.0, 0.1, (1e-4,), 1e-4),
     "bandwidth_efficiency": (0.02, 1.5, (0.5, 1.0), 0.5),
     "compute_efficiency": (0.02, 1.5, (0.3, 1.0), 0.5),
     "overlap": (0.0, 1.0, (0.0, 1.0), 0.5),
@@ -70,8 +70,6 @@ def fit_stack(curves: Sequence[tuple[ModelShape, Sequence[float]]], hardware: Ha
     Raises:
         ValueError: for an unknown parameter, no curves, or a non-positive time.
     """
-    from scipy.optimize import least_squares
-
     unknown = [p for p in params if p not in FIT_PARAMS]
     if unknown or not params:
         raise ValueError(f"params must be a non-empty subset of {list(FIT_PARAMS)}, got {list(params)}")
@@ -80,17 +78,28 @@ def fit_stack(curves: Sequence[tuple[ModelShape, Sequence[float]]], hardware: Ha
     for shape, times in curves:
         if not len(times) or any(not (t > 0 and math.isfinite(t)) for t in times):
             raise ValueError(f"{shape.name}: measured times must be positive and finite")
-    base = base or Stack(name)
+    stack, residuals = _fit_continuous(curves, hardware, context, replace(base or Stack(name), name=name), params)
+    rms = float(np.sqrt(np.mean(residuals ** 2)))
+    names = ", ".join(shape.name for shape, _ in curves)
+    return replace(stack, source=f"fitted to {names} on {hardware.name} at context {context}: "
+                                 f"RMS log error {rms:.3f}")
+
+
+def _fit_continuous(curves, hardware: Hardware, context: int, base: Stack,
+                    params: Sequence[str]) -> tuple[Stack, np.ndarray]:
+    """Least-squares fit of ``params`` from every combination of their starting values;
+    returns the best stack and its log residuals."""
+    from scipy.optimize import least_squares
+
     logs = [np.log(np.asarray(times, dtype=float)) for _, times in curves]
 
     def make(x: np.ndarray) -> Stack:
-        return replace(base, name=name, **{p: float(v) for p, v in zip(params, x)})
+        return replace(base, **{p: float(v) for p, v in zip(params, x)})
 
     def residuals(x: np.ndarray) -> np.ndarray:
         stack = make(x)
-        out = [np.log(_predict(stack, shape, hardware, range(1, len(times) + 1), context)) - lt
-               for (shape, times), lt in zip(curves, logs)]
-        return np.concatenate(out)
+        return np.concatenate([np.log(_predict(stack, shape, hardware, range(1, len(times) + 1), context)) - lt
+                               for (shape, times), lt in zip(curves, logs)])
 
     lower = [FIT_PARAMS[p][0] for p in params]
     upper = [FIT_PARAMS[p][1] for p in params]
@@ -100,10 +109,7 @@ def fit_stack(curves: Sequence[tuple[ModelShape, Sequence[float]]], hardware: Ha
                             x_scale=np.array([FIT_PARAMS[p][3] for p in params]))
         if best is None or res.cost < best.cost:
             best = res
-    rms = float(np.sqrt(np.mean(best.fun ** 2)))
-    names = ", ".join(shape.name for shape, _ in curves)
-    return replace(make(best.x), source=f"fitted to {names} on {hardware.name} at context {context}: "
-                                        f"RMS log error {rms:.3f}")
+    return make(best.x), best.fun
 
 
 def measure_curve(model, n_max: int = 8, context: int = 200, repeats: int = 5, warmup: int = 1) -> list[float]:
