@@ -133,7 +133,8 @@ def plan(
                                         "eager-cpu for local)"),
     calibrate: list[str] = typer.Option([], "--calibrate", help="with --hardware local: registered model(s) whose "
                                         "measured cost curve fits the stack (repeat the flag for several)"),
-    backend: str = typer.Option("llamacpp", "--backend", help="backend --calibrate times: llamacpp or transformers"),
+    backend: str = typer.Option("llamacpp", "--backend", help="backend --calibrate times: llamacpp or transformers "
+                                "(transformers: models are sized as float32 unless --dtype)"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG: cost curve and S(k)"),
 ) -> None:
@@ -165,6 +166,9 @@ def plan(
         hw = planlib.parse_hardware(hardware)
         if calibrate:
             from ..plan.fit import calibrate as fit_local
+
+            if backend == "transformers" and dtype is None:   # the stack was fitted on float32 models
+                kwargs["dtype"] = "float32"
 
             with err.status(f"timing {', '.join(calibrate)} on {backend} to fit the stack"):
                 stack_obj, _ = fit_local(calibrate, backend, hw)
