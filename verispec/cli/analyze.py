@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from .common import BACKEND, DRAFT, TARGET, build_decoder, err, fail, sampling_or_fail
+from .plan import hardware_or_fail, print_plan, project_or_fail
 
 
 def analyze(
@@ -36,6 +37,8 @@ def analyze(
                                  help="also run fixed-k decodes (one prompt per category) and plot measured speedups"),
     out: str = typer.Option("verispec-analysis", "--out", help="directory for analysis.json and the plots"),
     as_json: bool = typer.Option(False, "--json", help="print analysis.json to stdout instead of tables"),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="also project the measured α onto this hardware "
+                                           "(as for `verispec plan`: a catalogue name or spec); writes plan.json"),
 ) -> None:
     """Measure α (per category, per draft position) and the cost curve; predict the speedup vs k."""
     from .. import analyze as an
@@ -50,6 +53,7 @@ def analyze(
     if stride is not None and stride < 1:
         fail(f"--stride must be >= 1, got {stride}")
     sampling = sampling_or_fail(temperature, top_k, top_p)
+    hw = hardware_or_fail(hardware) if hardware else None   # a bad --hardware fails before the long run
     try:
         prompt_list = an.load_prompts(prompts, per_category=per_category, raw_categories=raw_categories)
     except (ValueError, OSError) as e:
@@ -67,13 +71,16 @@ def analyze(
         paths = an.write_outputs(analysis, out)
     except (ValueError, OSError) as e:
         fail(str(e))
+    projection = project_or_fail(analysis, hw, out) if hw else None
     if as_json:
-        print(json.dumps(analysis, default=float))
+        print(json.dumps({**analysis, "projection": projection.as_dict()} if projection else analysis, default=float))
         return
     console = Console()
     for table in an.render_tables(analysis):
         console.print(table)
     for line in an.closing_notes(analysis):
         console.print(f"• {line}")
-    err.print(f"wrote {paths['json']}, {paths['alpha']}, {paths['speedup']}")
+    if projection:
+        print_plan(console, projection)
+    err.print(f"wrote {paths['json']}, {paths['alpha']}, {paths['speedup']}" + (" and plan.json" if projection else ""))
 

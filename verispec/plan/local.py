@@ -1,0 +1,90 @@
+"""``--hardware local``: measure this machine's two roofline ceilings with torch.
+
+* memory bandwidth: ``torch.sum`` over a 1 GiB float32 tensor (a pure streaming read,
+  larger than any CPU cache), best of a few runs, bytes / second;
+* peak FLOP/s: a float32 1024×1024 by 1024×1024 ``torch.mm`` (2·1024³ FLOPs), best of
+  a few runs;
+* memory: physical RAM (``os.sysconf``).
+
+These are attained figures (what torch reaches with all intra-op threads), not vendor
+peaks, so the stacks used with them (``eager-cpu``, or a fitted one) take efficiency 1
+as their starting point. The measurement takes about a second; the result is cached
+for the process. On a shared machine, the best of several runs is taken because other
+processes only ever slow a run down.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from functools import lru_cache
+
+from .hardware import Hardware
+
+__all__ = ["local_hardware", "measure_bandwidth", "measure_flops", "physical_memory"]
+
+
+def _best_seconds(fn, repeats: int, clock=time.perf_counter) -> float:
+    fn()   # warm-up: page faults, thread pool start
+    best = float("inf")
+    for _ in range(repeats):
+        start = clock()
+        fn()
+        best = min(best, clock() - start)
+    return best
+
+
+def measure_bandwidth(nbytes: int = 1 << 30, repeats: int = 5, clock=time.perf_counter) -> float:
+    """Read bandwidth in bytes/s: ``nbytes`` of float32 summed by torch, best of ``repeats``.
+
+    ``clock`` (seconds) may be ``time.thread_time`` for a one-thread measurement that
+    other processes' load does not stretch.
+    """
+    import torch
+
+    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    return nbytes / _best_seconds(lambda: float(x.sum()), repeats, clock)
+
+
+def measure_flops(dim: int = 1024, repeats: int = 5, clock=time.perf_counter) -> float:
+    """float32 matmul throughput in FLOP/s: 2·dim³ / best seconds of ``torch.mm`` (``clock`` as above)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(dim, dim, generator=gen)
+    b = torch.randn(dim, dim, generator=gen)
+    seconds = _best_seconds(lambda: torch.mm(a, b), repeats, clock)
+    return 2.0 * dim**3 / seconds
+
+
+def physical_memory() -> float | None:
+    """Physical RAM in bytes, or None where ``os.sysconf`` cannot tell."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=1)
+def local_hardware() -> Hardware:
+    """This machine as a Hardware (one device), measured once per process."""
+    import torch
+
+    bw = measure_bandwidth()
+    flops = measure_flops()
+    name = f"local ({_cpu_name()}, {torch.get_num_threads()} threads)"
+    return Hardware(name=name, bandwidth=bw, flops=flops, memory=physical_memory(), n_devices=1,
+                    source=f"measured {time.strftime('%Y-%m-%d %H:%M')}: torch.sum over 1 GiB float32, "
+                           f"torch.mm 1024^3 float32, best of 5")
