@@ -17,9 +17,10 @@ def analyze(
     backend: Optional[str] = BACKEND,
     drafter: str = typer.Option("model", "--drafter", help="model or lookup"),
     prompts: Optional[str] = typer.Option(
-        None, "--prompts", help="Spec-Bench JSON lines (question_id, category, turns) or plain text, one "
+        None, "--prompts", "--dataset", help="Spec-Bench JSON lines (question_id, category, turns) or plain text, one "
         "prompt a line (default: $VERISPEC_SPEC_BENCH, else ../shared/data/spec_bench/question.jsonl)"),
-    per_category: int = typer.Option(3, "--per-category", help="prompts per category (0 = all)"),
+    per_category: int = typer.Option(3, "--per-category", help="prompts per category, as `bench` picks "
+                                     "them (multi-turn: round-robin over MT-Bench's categories; 0 = all)"),
     raw_categories: bool = typer.Option(False, "--raw-categories",
                                         help="keep MT-Bench categories apart (default: one 'multi-turn' group)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="trajectory length per prompt"),
@@ -39,6 +40,8 @@ def analyze(
 ) -> None:
     """Measure α (per category, per draft position) and the cost curve; predict the speedup vs k."""
     from .. import analyze as an
+    from ..prompts import dataset_path, load_prompts
+    from ..report.analysis import closing_notes, render_tables
 
     if drafter not in ("model", "lookup"):
         fail(f"--drafter must be model or lookup, got {drafter!r}")
@@ -51,7 +54,7 @@ def analyze(
         fail(f"--stride must be >= 1, got {stride}")
     sampling = sampling_or_fail(temperature, top_k, top_p)
     try:
-        prompt_list = an.load_prompts(prompts, per_category=per_category, raw_categories=raw_categories)
+        prompt_list = load_prompts(prompts, per_category=per_category, raw_categories=raw_categories)
     except (ValueError, OSError) as e:
         fail(str(e))
     decoder, backend = build_decoder(target, draft, backend, drafter)
@@ -63,7 +66,7 @@ def analyze(
                                        drafter_kind=drafter, draft=decoder.draft,
                                        progress=lambda msg: status.update(msg))
         analysis["backend"] = backend
-        analysis["prompts_file"] = str(prompts) if prompts else str(an.default_prompts_path())
+        analysis["prompts_file"] = str(dataset_path(prompts))
         paths = an.write_outputs(analysis, out)
     except (ValueError, OSError) as e:
         fail(str(e))
@@ -71,9 +74,9 @@ def analyze(
         print(json.dumps(analysis, default=float))
         return
     console = Console()
-    for table in an.render_tables(analysis):
+    for table in render_tables(analysis):
         console.print(table)
-    for line in an.closing_notes(analysis):
+    for line in closing_notes(analysis):
         console.print(f"• {line}")
     err.print(f"wrote {paths['json']}, {paths['alpha']}, {paths['speedup']}")
 
