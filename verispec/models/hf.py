@@ -17,6 +17,13 @@ class HFModel(CausalLM):
 
     The KV cache is a `transformers.DynamicCache`; rollback is
     `DynamicCache.crop(-n_tokens_to_drop)`.
+
+    Attributes:
+        model: the wrapped `PreTrainedModel`, public for transformers' own API (e.g.
+            `generate`, as `verispec bench`'s HF methods call it). Such calls neither
+            read nor update this object's cache; `reset()` before decoding through
+            this object again.
+        device: the model's torch device.
     """
 
     backend = "transformers"

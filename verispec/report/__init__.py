@@ -9,5 +9,7 @@ Nothing here measures or computes a prediction: every figure comes in the dict g
 """
 
 from .analysis import closing_notes, plot_alpha, plot_speedup_vs_k, render_tables
+from .bench import plot_speedups, render_markdown
 
-__all__ = ["render_tables", "closing_notes", "plot_alpha", "plot_speedup_vs_k"]
+__all__ = ["render_tables", "closing_notes", "plot_alpha", "plot_speedup_vs_k", "render_markdown",
+           "plot_speedups"]
