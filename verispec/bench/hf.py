@@ -1,7 +1,7 @@
 """transformers' own `generate` as a benchmarked method (plain, assisted, prompt lookup).
 
 It runs beside verispec for comparison only, on the same `HFModel`s: `generate` gets the
-wrapped module (`HFModel.model`), explicit settings (greedy, or pure temperature
+wrapped module (`HFModel.transformers_model`), explicit settings (greedy, or pure temperature
 sampling with top-k and top-p off, repetition penalty 1) so the model's
 generation_config cannot change them, and its target forwards are counted with a
 forward pre-hook to give τ.
@@ -46,7 +46,7 @@ def hf_generate(target, ids: list[int], *, mode: str = "plain", assistant=None, 
     Args:
         target: an `HFModel` (the transformers backend).
         ids: prompt token ids.
-        mode: "plain", "assisted" (`assistant_model=assistant.model`, HF's defaults) or
+        mode: "plain", "assisted" (`assistant_model=` the assistant's module, HF's defaults) or
             "prompt-lookup" (`prompt_lookup_num_tokens=10`).
         assistant: the draft `HFModel` for "assisted", else None.
         max_new_tokens: token budget.
@@ -75,7 +75,7 @@ def hf_generate(target, ids: list[int], *, mode: str = "plain", assistant=None, 
                              f"a {type(m).__name__}")
     if (mode == "assisted") != (assistant is not None):
         raise BenchError("HF generate: mode 'assisted' needs an assistant (the draft), and only it takes one")
-    model = target.model
+    model = target.transformers_model
     eos = sorted(target.eos_token_ids)
     # explicit values: HF fills unset ones from the model's generation_config (e.g.
     # Qwen's sampling defaults, repetition_penalty) and its global top_k=50
@@ -85,7 +85,7 @@ def hf_generate(target, ids: list[int], *, mode: str = "plain", assistant=None, 
     if temperature > 0:   # pure temperature sampling, like ours with top_k=0, top_p=1
         kwargs.update(temperature=float(temperature), top_k=0, top_p=1.0)
     if mode == "assisted":
-        kwargs["assistant_model"] = assistant.model
+        kwargs["assistant_model"] = assistant.transformers_model
     elif mode == "prompt-lookup":
         kwargs["prompt_lookup_num_tokens"] = PROMPT_LOOKUP_TOKENS
     input_ids = torch.tensor([ids], dtype=torch.long, device=target.device)
@@ -98,7 +98,7 @@ def hf_generate(target, ids: list[int], *, mode: str = "plain", assistant=None, 
     hf_logging.set_verbosity_error()   # HF's own deprecation notes would break the progress bar
     try:
         with _ForwardCounter(model) as t_count, \
-                _ForwardCounter(assistant.model if assistant is not None else None) as d_count, \
+                _ForwardCounter(assistant.transformers_model if assistant is not None else None) as d_count, \
                 torch.inference_mode():
             start = time.perf_counter()
             out = model.generate(input_ids, attention_mask=mask, **kwargs)

@@ -7,9 +7,10 @@ from typing import Optional
 
 import typer
 
-from ..bench.methods import METHODS, default_methods, method_names, quick_methods
-from ..prompts import DEFAULT_CATEGORIES, MT_BENCH_CATEGORIES
 from .common import BACKEND, DRAFT, TARGET, build_decoder, default_backend, err, fail, sampling_or_fail
+
+from ..bench.methods import METHODS, default_methods, method_names, quick_methods  # noqa: E402 - help texts
+from ..prompts import DEFAULT_CATEGORIES, MT_BENCH_CATEGORIES
 
 
 def bench(
@@ -55,7 +56,7 @@ def bench(
     from .. import bench as B
     from .. import registry
     from ..models import BACKENDS
-    from ..prompts import dataset_path, load_prompts
+    from .. import prompts
 
     if report is not None or table_only:
         where = report if report is not None else out
@@ -94,8 +95,8 @@ def bench(
             method_list = B.quick_methods(backend) if quick else B.default_methods(backend, draft is not None)
         method_list = B.check_methods(method_list, backend, draft is not None)
         category_list = B.parse_list(categories) or list(B.QUICK_CATEGORIES if quick else DEFAULT_CATEGORIES)
-        dataset_file = dataset_path(dataset)
-        questions = load_prompts(dataset_file, category_list, per_category)
+        dataset_path = prompts.dataset_path(dataset)
+        questions = prompts.load_prompts(dataset_path, category_list, per_category)
     except FileNotFoundError as e:
         fail(f"--dataset: {e}")
     except ValueError as e:   # BenchError, PromptError: the message names the option
@@ -108,7 +109,7 @@ def bench(
               f"{max_new_tokens} new tokens, backend {backend} -> {out_dir}")
     decoder, backend = build_decoder(target, draft or "none", backend, "auto")
     command = "verispec " + shlex.join(sys.argv[1:])
-    meta = {"command": command, "dataset": str(dataset_file), "per_category": per_category,
+    meta = {"command": command, "dataset": str(dataset_path), "per_category": per_category,
             "categories": category_list, "quick": quick}
     try:
         B.run_bench(questions, method_list, target=decoder, backend=backend,

@@ -17,13 +17,6 @@ class HFModel(CausalLM):
 
     The KV cache is a `transformers.DynamicCache`; rollback is
     `DynamicCache.crop(-n_tokens_to_drop)`.
-
-    Attributes:
-        model: the wrapped `PreTrainedModel`, public for transformers' own API (e.g.
-            `generate`, as `verispec bench`'s HF methods call it). Such calls neither
-            read nor update this object's cache; `reset()` before decoding through
-            this object again.
-        device: the model's torch device.
     """
 
     backend = "transformers"
@@ -101,6 +94,14 @@ class HFModel(CausalLM):
             self.cache = self._cache_cls(config=self.model.config)
         elif drop > 0:
             self.cache.crop(-drop)
+
+    @property
+    def transformers_model(self):
+        """The wrapped transformers `PreTrainedModel` (eval mode), for code that calls
+        transformers itself, e.g. `generate` (`verispec.audit.hf_assisted_sampler`).
+        It shares this wrapper's weights but not its KV cache, so using it leaves the
+        wrapper's state alone."""
+        return self.model
 
     def cache_length(self) -> int:
         """Tokens actually held in the KV cache (for tests of rollback)."""
