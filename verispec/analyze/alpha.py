@@ -47,7 +47,6 @@ POINTS_PER_PROMPT = 32
 GREEDY = SamplingConfig()
 
 
-
 @dataclass
 class PointRecord:
     """One evaluation point: K drafts from S[:t], scored by one target forward.
@@ -220,7 +219,16 @@ class AlphaSummary:
 
 
 def summarize_points(points: Sequence[PointRecord], k_max: int) -> AlphaSummary:
-    """Pool evaluation points into per-position α (see the module docstring)."""
+    """Pool evaluation points into per-position α (the w-weighted mean of the module docstring).
+
+    Args:
+        points: evaluation points of one prompt, a category or all prompts.
+        k_max: K, the length of each point's `alphas` / `accept_probs`.
+
+    Returns:
+        AlphaSummary; its figures are None where no point reaches a position (and all
+        are None for no points).
+    """
     n = len(points)
     if n == 0:
         none = [None] * k_max
