@@ -64,7 +64,7 @@ class SamplingConfig:
     logit_bias: tuple[tuple[int, float], ...] = ()
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     min_new_tokens: int = 0
-    eos_token_ids: frozenset[int] = frozenset()
+    eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
@@ -106,7 +106,8 @@ class SamplingConfig:
                 raise ValueError("bad_words_ids holds an empty sequence; give at least one token id")
             words.append(word)
         object.__setattr__(self, "bad_words_ids", tuple(words))
-        object.__setattr__(self, "eos_token_ids", frozenset(int(t) for t in self.eos_token_ids))
+        # a sorted tuple, not a set: the config is written into JSON outputs (analyze, bench)
+        object.__setattr__(self, "eos_token_ids", tuple(sorted({int(t) for t in self.eos_token_ids})))
 
     @property
     def greedy(self) -> bool:

@@ -39,8 +39,9 @@ from pathlib import Path
 
 from verispec import registry
 from verispec.api import SpeculativeDecoder
-from verispec.bench import (METHODS, RESULTS, TABLE, _loadavg, _verispec_run, collect_meta,
-                            load_questions, resolve_dataset, write_report)
+from verispec.bench import (RESULTS, TABLE, collect_meta, decoder_for, load_results, loadavg, run_one,
+                            write_report)
+from verispec.prompts import dataset_path, load_prompts
 
 CATEGORIES = "translation,summarization,qa,math_reasoning,rag,multi-turn,coding"
 _ENC = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
@@ -83,7 +84,7 @@ def run_llama_speculative(binary: str, target: Path, draft: Path, prompt: str, d
     return {"new_tokens": n, "prefill_seconds": float(enc.group(2)),
             "wall_seconds": seconds, "tokens_per_second": n / seconds,
             "n_drafted": out.get("n_drafted"), "n_accept": out.get("n_accept"),
-            "acceptance_rate": (out["n_accept"] / out["n_drafted"]) if out.get("n_drafted") else None,
+            "draft_acceptance_rate": (out["n_accept"] / out["n_drafted"]) if out.get("n_drafted") else None,
             "text": generated, "command": " ".join(cmd[:1] + ["..."] + cmd[5:])}
 
 
@@ -110,7 +111,7 @@ DESCRIPTIONS = {
 
 def report(out: Path) -> str:
     """Turn the rows into `verispec bench` rows and write table.md, summary.json, speedup.png."""
-    rows = [json.loads(line) for line in (out / RESULTS).read_text().splitlines() if line.strip()]
+    rows = load_results(out)   # rows written before the rename carry α̂ as acceptance_rate
     for r in rows:
         r.setdefault("error", None)
         if r["method"].startswith("llama-speculative"):
@@ -120,7 +121,7 @@ def report(out: Path) -> str:
         elif r.get("tau"):
             r["target_forwards"] = round(r["new_tokens"] / r["tau"])
             r["drafted"] = sum(int(key.rsplit(":", 1)[1]) * n for key, n in (r.get("k_hist") or {}).items())
-            r["accepted"] = round((r.get("acceptance_rate") or 0.0) * r["drafted"])
+            r["accepted"] = round((r.get("draft_acceptance_rate") or 0.0) * r["drafted"])
     (out / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rows))
     meta = json.loads((out / "meta.json").read_text())
     methods = list(dict.fromkeys(r["method"] for r in rows))
@@ -156,13 +157,11 @@ def main() -> None:
         sys.exit(f"--binary {binary} is not an executable; build it first (see the .md beside this script)")
     draft_max = [int(x) for x in args.draft_max.split(",")]
     target_gguf, draft_gguf = registry.gguf_path("qwen2.5-coder-1.5b"), registry.gguf_path("qwen2.5-coder-0.5b")
-    questions = load_questions(resolve_dataset(), args.categories.split(","), args.per_category)
+    questions = load_prompts(dataset_path(), args.categories.split(","), args.per_category)
 
     target = SpeculativeDecoder("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", drafter="model",
                                 backend="llamacpp")
-    decoders = {"plain": SpeculativeDecoder(target.target, None, drafter="none"),
-                "verispec": target,
-                "verispec-auto": SpeculativeDecoder(target.target, target.draft, drafter="auto")}
+    decoders = {name: decoder_for(name, target.target, target.draft) for name in DESCRIPTIONS}
     llama = target.target.llama
     n_ctx = target.target.context_length
 
@@ -176,23 +175,23 @@ def main() -> None:
     results = (out / "results.jsonl").open("w", encoding="utf-8")
 
     # warm-up: our decoders (cost-curve calibration) and the page cache for the binary
-    warm = min((decoders["plain"].encode(q.prompt) for q in questions), key=len)
+    warm = min((decoders["plain"].encode(q.text) for q in questions), key=len)
     for name, dec in decoders.items():
-        _verispec_run(dec, warm, METHODS[name], 8, 0.0, 0)
+        run_one(dec, warm, name, max_new_tokens=8)
     for q in questions:
-        ids = decoders["plain"].encode(q.prompt)
+        ids = decoders["plain"].encode(q.text)
         text = llama.detokenize(ids, special=True).decode("utf-8")
         again = llama.tokenize(text.encode("utf-8"), add_bos=True, special=True)
         if list(again) != ids:
-            raise SystemExit(f"q{q.question_id}: prompt text does not re-tokenize to the same ids")
+            raise SystemExit(f"q{q.id}: prompt text does not re-tokenize to the same ids")
         plain_text = None
         for name in (*decoders, *(f"llama-speculative-d{d}" for d in draft_max)):
-            row = {"question_id": q.question_id, "category": q.category, "groups": list(q.groups),
-                   "method": name, "prompt_tokens": len(ids), "loadavg": _loadavg()}
+            row = {"question_id": q.id, "category": q.category, "groups": list(q.groups),
+                   "method": name, "prompt_tokens": len(ids), "loadavg": loadavg()}
             if name in decoders:
-                r = _verispec_run(decoders[name], ids, METHODS[name], args.max_new_tokens, 0.0, 0)
+                r = run_one(decoders[name], ids, name, max_new_tokens=args.max_new_tokens)
                 row.update({k: r[k] for k in ("new_tokens", "wall_seconds", "tokens_per_second",
-                                              "prefill_seconds", "acceptance_rate", "tau", "text")})
+                                              "prefill_seconds", "draft_acceptance_rate", "tau", "text")})
                 row["k_hist"] = r["k_hist"]
             else:
                 d = int(name.rsplit("d", 1)[1])
@@ -206,7 +205,7 @@ def main() -> None:
                 row["identical_to_plain"] = _norm(row["text"]).startswith(plain_text)
             results.write(json.dumps(row) + "\n")
             results.flush()
-            print(f"q{q.question_id} {q.category:15s} {name:24s} {row['new_tokens']:4d} tok "
+            print(f"q{q.id} {q.category:15s} {name:24s} {row['new_tokens']:4d} tok "
                   f"{row['tokens_per_second']:6.2f} tok/s", flush=True)
     results.close()
     print(report(out))

@@ -33,14 +33,10 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    try:
-        from verispec.prompts import load_prompts as _load   # after the prompts module lands
-        questions = _load(None, per_category=args.per_category)
-        prompts = [(q.category, q.prompt if isinstance(q.prompt, str) else q.turns[0]) for q in questions]
-    except ImportError:
-        from verispec.bench import DEFAULT_CATEGORIES, load_questions, resolve_dataset
-        questions = load_questions(resolve_dataset(None), [*DEFAULT_CATEGORIES, "coding"], args.per_category)
-        prompts = [(q.category, q.prompt) for q in questions]
+    from verispec.prompts import DEFAULT_CATEGORIES, load_prompts
+
+    prompts = [(p.category, p.text) for p in
+               load_prompts(None, [*DEFAULT_CATEGORIES, "coding"], per_category=args.per_category)]
     sd = SpeculativeDecoder("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", drafter="model", backend=args.backend)
     rows = []
     for temperature in [float(t) for t in args.temperatures.split(",")]:

@@ -18,9 +18,10 @@ def analyze(
     backend: Optional[str] = BACKEND,
     drafter: str = typer.Option("model", "--drafter", help="model or lookup"),
     prompts: Optional[str] = typer.Option(
-        None, "--prompts", help="Spec-Bench JSON lines (question_id, category, turns) or plain text, one "
+        None, "--prompts", "--dataset", help="Spec-Bench JSON lines (question_id, category, turns) or plain text, one "
         "prompt a line (default: $VERISPEC_SPEC_BENCH, else ../shared/data/spec_bench/question.jsonl)"),
-    per_category: int = typer.Option(3, "--per-category", help="prompts per category (0 = all)"),
+    per_category: int = typer.Option(3, "--per-category", help="prompts per category, as `bench` picks "
+                                     "them (multi-turn: round-robin over MT-Bench's categories; 0 = all)"),
     raw_categories: bool = typer.Option(False, "--raw-categories",
                                         help="keep MT-Bench categories apart (default: one 'multi-turn' group)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="trajectory length per prompt"),
@@ -42,6 +43,8 @@ def analyze(
 ) -> None:
     """Measure α (per category, per draft position) and the cost curve; predict the speedup vs k."""
     from .. import analyze as an
+    from ..prompts import dataset_path, load_prompts
+    from ..report.analysis import closing_notes, render_tables
 
     if drafter not in ("model", "lookup"):
         fail(f"--drafter must be model or lookup, got {drafter!r}")
@@ -55,7 +58,7 @@ def analyze(
     sampling = sampling_or_fail(temperature, top_k, top_p)
     hw = hardware_or_fail(hardware) if hardware else None   # a bad --hardware fails before the long run
     try:
-        prompt_list = an.load_prompts(prompts, per_category=per_category, raw_categories=raw_categories)
+        prompt_list = load_prompts(prompts, per_category=per_category, raw_categories=raw_categories)
     except (ValueError, OSError) as e:
         fail(str(e))
     decoder, backend = build_decoder(target, draft, backend, drafter)
@@ -67,7 +70,7 @@ def analyze(
                                        drafter_kind=drafter, draft=decoder.draft,
                                        progress=lambda msg: status.update(msg))
         analysis["backend"] = backend
-        analysis["prompts_file"] = str(prompts) if prompts else str(an.default_prompts_path())
+        analysis["prompts_file"] = str(dataset_path(prompts))
         paths = an.write_outputs(analysis, out)
     except (ValueError, OSError) as e:
         fail(str(e))
@@ -76,9 +79,9 @@ def analyze(
         print(json.dumps({**analysis, "projection": projection.as_dict()} if projection else analysis, default=float))
         return
     console = Console()
-    for table in an.render_tables(analysis):
+    for table in render_tables(analysis):
         console.print(table)
-    for line in an.closing_notes(analysis):
+    for line in closing_notes(analysis):
         console.print(f"• {line}")
     if projection:
         print_plan(console, projection)

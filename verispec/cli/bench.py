@@ -9,22 +9,26 @@ import typer
 
 from .common import BACKEND, DRAFT, TARGET, build_decoder, default_backend, err, fail, sampling_or_fail
 
+from ..bench.methods import METHODS, default_methods, method_names, quick_methods  # noqa: E402 - help texts
+from ..prompts import DEFAULT_CATEGORIES, MT_BENCH_CATEGORIES
+
 
 def bench(
     dataset: Optional[str] = typer.Option(None, "--dataset", help="Spec-Bench question.jsonl (default: "
                                           "$VERISPEC_SPEC_BENCH, else ../shared/data/spec_bench/question.jsonl "
                                           "next to the repository)"),
-    categories: Optional[str] = typer.Option(None, "--categories", help="comma-separated: translation, "
-                                             "summarization, qa, math_reasoning, rag, multi-turn, or a raw "
-                                             "MT-Bench category such as coding (default: the first six)"),
+    categories: Optional[str] = typer.Option(None, "--categories", help="comma-separated: "
+                                             f"{', '.join(DEFAULT_CATEGORIES)}, or a raw MT-Bench category "
+                                             f"({', '.join(MT_BENCH_CATEGORIES)}) (default: the first six)"),
     per_category: Optional[int] = typer.Option(None, "--per-category", help="prompts per category, "
-                                               "first N in file order (default: 3; --quick: 1)"),
+                                               "first N in file order, multi-turn round-robin over MT-Bench's "
+                                               "categories; 0 = all (default: 3; --quick: 1)"),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens",
                                                  help="budget per generation (default: 128; --quick: 64)"),
-    methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated: plain, verispec, "
-                                          "verispec-k4, verispec-lookup, verispec-auto, hf-plain, hf-assisted, "
-                                          "hf-prompt-lookup (default: all verispec ones, + hf-assisted and "
-                                          "hf-prompt-lookup on transformers); plain is always run"),
+    methods: Optional[str] = typer.Option(None, "--methods", help=f"comma-separated: {method_names()} "
+                                          f"(default: {', '.join(default_methods('llamacpp'))}, + "
+                                          f"{', '.join(m for m in default_methods('transformers') if METHODS[m].kind == 'hf')}"
+                                          " on transformers); plain is always run"),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (outputs compared with plain)"),
     seed: int = typer.Option(0, "--seed", help="seed of every generation (sampling)"),
     out: Optional[str] = typer.Option(None, "--out", help="output directory (default: "
@@ -33,7 +37,9 @@ def bench(
     target: Optional[str] = TARGET,
     draft: Optional[str] = DRAFT,
     quick: bool = typer.Option(False, "--quick", help="1 prompt per category, 64 new tokens, methods "
-                               "plain,verispec,verispec-auto (+hf-assisted on transformers)"),
+                               f"{','.join(quick_methods('llamacpp'))} (+"
+                               f"{','.join(m for m in quick_methods('transformers') if METHODS[m].kind == 'hf')}"
+                               " on transformers)"),
     resume: bool = typer.Option(False, "--resume", help="continue --out: skip (prompt, method) pairs "
                                 "already measured"),
     force: bool = typer.Option(False, "--force", help="start over when --out already holds results"),
@@ -49,6 +55,8 @@ def bench(
 
     from .. import bench as B
     from .. import registry
+    from ..models import BACKENDS
+    from .. import prompts
 
     if report is not None or table_only:
         where = report if report is not None else out
@@ -63,8 +71,8 @@ def bench(
         return
 
     backend = backend or default_backend()
-    if backend not in ("transformers", "llamacpp"):
-        fail(f"--backend must be transformers or llamacpp, got {backend!r}")
+    if backend not in BACKENDS:
+        fail(f"--backend must be {' or '.join(BACKENDS)}, got {backend!r}")
     if per_category is None:
         per_category = 1 if quick else 3
     if max_new_tokens is None:
@@ -86,10 +94,12 @@ def bench(
         if method_list is None:
             method_list = B.quick_methods(backend) if quick else B.default_methods(backend, draft is not None)
         method_list = B.check_methods(method_list, backend, draft is not None)
-        category_list = B.parse_list(categories) or list(B.QUICK_CATEGORIES if quick else B.DEFAULT_CATEGORIES)
-        dataset_path = B.resolve_dataset(dataset)
-        questions = B.load_questions(dataset_path, category_list, per_category)
-    except B.BenchError as e:
+        category_list = B.parse_list(categories) or list(B.QUICK_CATEGORIES if quick else DEFAULT_CATEGORIES)
+        dataset_path = prompts.dataset_path(dataset)
+        questions = prompts.load_prompts(dataset_path, category_list, per_category)
+    except FileNotFoundError as e:
+        fail(f"--dataset: {e}")
+    except ValueError as e:   # BenchError, PromptError: the message names the option
         fail(str(e))
     out_dir = Path(out) if out else Path("benchmarks") / f"{backend}-{datetime.date.today().isoformat()}"
     if (out_dir / B.RESULTS).is_file() and not (resume or force) and B.load_results(out_dir):
