@@ -8,7 +8,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .common import BACKEND, DRAFT, TARGET, build_decoder, err, fail, sampling_or_fail
+from .common import (BACKEND, BAD_WORD, DRAFT, FREQUENCY_PENALTY, LOGIT_BIAS, MIN_NEW_TOKENS, MIN_P,
+                     PRESENCE_PENALTY, REPETITION_PENALTY, TARGET, bad_words_ids, build_decoder,
+                     controls_from_options, err, fail, sampling_or_fail)
 from .plan import hardware_or_fail, print_plan, project_or_fail
 
 
@@ -31,6 +33,13 @@ def analyze(
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
     top_k: int = typer.Option(0, "--top-k", help="0 = off"),
     top_p: float = typer.Option(1.0, "--top-p", help="in (0, 1]; 1 = off"),
+    min_p: float = MIN_P,
+    repetition_penalty: float = REPETITION_PENALTY,
+    presence_penalty: float = PRESENCE_PENALTY,
+    frequency_penalty: float = FREQUENCY_PENALTY,
+    logit_bias: Optional[list[str]] = LOGIT_BIAS,
+    bad_word: Optional[list[str]] = BAD_WORD,
+    min_new_tokens: int = MIN_NEW_TOKENS,
     seed: int = typer.Option(0, "--seed"),
     repeats: int = typer.Option(5, "--repeats", help="timed repeats per cost-curve point (median)"),
     prefix_tokens: int = typer.Option(200, "--prefix-tokens", help="context length the cost curve is timed at"),
@@ -55,13 +64,23 @@ def analyze(
             fail(f"{name} must be >= {low}, got {value}")
     if stride is not None and stride < 1:
         fail(f"--stride must be >= 1, got {stride}")
-    sampling = sampling_or_fail(temperature, top_k, top_p)
+    controls = controls_from_options(min_p, repetition_penalty, presence_penalty, frequency_penalty,
+                                     logit_bias, min_new_tokens)
+    sampling_or_fail(temperature, top_k, top_p, **controls)
     hw = hardware_or_fail(hardware) if hardware else None   # a bad --hardware fails before the long run
     try:
         prompt_list = load_prompts(prompts, per_category=per_category, raw_categories=raw_categories)
     except (ValueError, OSError) as e:
         fail(str(e))
     decoder, backend = build_decoder(target, draft, backend, drafter)
+    # the controls on the real target: its EOS ids (min_new_tokens) and tokenized bad words
+    sampling = sampling_or_fail(temperature, top_k, top_p, **controls,
+                                bad_words_ids=bad_words_ids(decoder.tokenizer, bad_word),
+                                eos_token_ids=decoder.target.eos_token_ids)
+    try:
+        sampling.check_vocab(decoder.target.vocab_size)
+    except ValueError as e:
+        fail(str(e))
     config = an.AnalyzeConfig(k_max=k_max, max_new_tokens=max_new_tokens, stride=stride, sampling=sampling,
                               seed=seed, prefix_tokens=prefix_tokens, repeats=repeats, measure=measure)
     try:
