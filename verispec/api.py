@@ -19,6 +19,7 @@ from .models import backend_class, check_backend
 from .models.base import CausalLM
 from .policy import make_policy
 from .sampling import SamplingConfig, SeededRandomness
+from .text import TextStream, check_stop_strings
 from .verify import RULES, Rule, gumbel, standard
 
 
@@ -75,7 +76,7 @@ def check_compatible(target: CausalLM, draft: CausalLM) -> None:
         raise TokenizerMismatchError(
             f"draft {draft.name} has {draft.vocab_size} logits but target {target.name} only "
             f"{target.vocab_size}: the draft must use the target's tokenizer")
-    if target.tokenizer is None or draft.tokenizer is None:
+    if target.tokenizer is None or draft.tokenizer is None or target.tokenizer is draft.tokenizer:
         return
     tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
     if tv == dv:
@@ -93,20 +94,32 @@ class GenerationResult:
     """What `SpeculativeDecoder.generate` returns.
 
     Attributes:
-        text: decoded new text (special tokens skipped).
-        token_ids: new token ids (list[int]), EOS included when it ended generation.
+        text: decoded new text (special tokens skipped), cut right before a stop string;
+            exactly the concatenation of the chunks streamed to `on_text`.
+        token_ids: new token ids (list[int]), EOS included when it ended generation, the
+            token that completed a stop string last when one did.
         prompt_ids: the prompt's token ids after the chat template.
-        stats: counters and derived figures (α̂, τ, tokens/s, per-position acceptance).
+        stats: counters and derived figures (α̂, τ, tokens/s, per-position acceptance);
+            `stats.finish_reason` is "eos", "stop_string", "length" or "context".
+        stop_string: the stop string that ended generation, else None.
     """
 
     text: str
     token_ids: list[int]
     prompt_ids: list[int]
     stats: Stats
+    stop_string: str | None = None
+
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's finish reason: "stop" (EOS or a stop string) or "length" (token budget
+        or context full)."""
+        return "stop" if self.stats.finish_reason in ("eos", "stop_string") else "length"
 
     def as_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids,
-                "prompt_tokens": len(self.prompt_ids), **self.stats.as_dict()}
+                "prompt_tokens": len(self.prompt_ids), "stop_string": self.stop_string,
+                **self.stats.as_dict()}
 
 
 class SpeculativeDecoder:
@@ -115,7 +128,7 @@ class SpeculativeDecoder:
     Args:
         target: model spec or `CausalLM` (see `load_model`).
         draft: draft model spec or `CausalLM`, sharing the target's tokenizer;
-            None decodes without a draft model (plain, or prompt lookup).
+            None decodes without a draft model (plain, suffix decoding or prompt lookup).
         drafter: "auto" (every usable drafter: "model" with a draft, "suffix"), one
             name of `verispec.drafters.DRAFTERS` ("model", "suffix", "lookup"), or "none".
         backend, device: see `load_model`.
@@ -211,9 +224,12 @@ class SpeculativeDecoder:
             rule: the acceptance rule: "standard" (min(1, p/q)), "gumbel" (coupled:
                 output = the plain seeded sample for every k), a `Rule`, or "auto"
                 (see `resolve_rule`).
-            stop_strings: generation ends after the token completing any of them.
+            stop_strings: generation ends with the token that completes any of them in the
+                decoded text; the text is cut right before it (`verispec.text`).
             use_chat_template: None = apply when the tokenizer has one.
-            on_text: called with each newly decoded piece of text (streaming).
+            on_text: called with each new piece of text as tokens are committed (streaming);
+                pieces never end inside a character nor hold text a stop string later cuts,
+                and they concatenate to the returned `text`.
             observer: called with each round's `verispec.decoding.RoundRecord`.
             min_p, repetition_penalty, presence_penalty, frequency_penalty,
             logit_bias, bad_words_ids, min_new_tokens: the sampling controls, with
@@ -228,7 +244,8 @@ class SpeculativeDecoder:
 
         Raises:
             ValueError: naming the bad argument (empty prompt, negative budget, bad k,
-                temperature, top_k, top_p, prompt longer than the context).
+                temperature, top_k, top_p, stop_strings, prompt longer than the context;
+                stop_strings for a target without a tokenizer).
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
@@ -242,9 +259,10 @@ class SpeculativeDecoder:
         if min_new_tokens > max_new_tokens:
             raise ValueError(f"min_new_tokens ({min_new_tokens}) must not exceed max_new_tokens "
                              f"({max_new_tokens})")
-        if stop_strings is not None and (isinstance(stop_strings, str)
-                                         or not all(isinstance(s, str) and s for s in stop_strings)):
-            raise ValueError("stop_strings must be a list of non-empty strings")
+        stops = check_stop_strings(stop_strings)
+        if stops and self.tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer, and this target has none; "
+                             "drop stop_strings or load the model with its tokenizer")
         ids = self.encode(prompt, use_chat_template)
         if len(ids) >= self.target.context_length:
             raise ValueError(f"prompt has {len(ids)} tokens but the target's context length is "
@@ -259,34 +277,34 @@ class SpeculativeDecoder:
         else:
             policy = make_policy(k, self.drafters)
         the_rule = resolve_rule(rule, k, self.drafters)
-        stream = _TextStream(self.tokenizer, on_text) if on_text and self.tokenizer else None
+        stream = (TextStream(self.tokenizer, stops, min_tokens=min_new_tokens)
+                  if self.tokenizer is not None else None)
+        committed: list[int] = []
+
+        def stop(out: list[int]) -> bool:   # after each committed token (EOS excepted)
+            return stream.push(out[len(stream.token_ids):])
+
+        def on_commit(block: list[int]) -> None:   # after each round
+            committed.extend(block)
+            stream.push(committed[len(stream.token_ids):])
+            chunk = stream.pop_chunk()
+            if chunk and on_text is not None:
+                on_text(chunk)
+
         result: DecodeResult = decode(
             self.target, ids, policy, sampling=sampling, max_new_tokens=max_new_tokens,
-            rng=SeededRandomness(seed), rule=the_rule,
-            stop=self._stopper(stop_strings, min_new_tokens),
-            on_commit=stream.put if stream else None, observer=observer)
-        if stream:
-            stream.end()
+            rng=SeededRandomness(seed), rule=the_rule, stop=stop if stops else None,
+            on_commit=on_commit if stream is not None else None, observer=observer)
         if self.suffix_cache is not None:   # later generations may draft from this output
             self.suffix_cache.add(result.tokens)
-        text = self.tokenizer.decode(result.tokens, skip_special_tokens=True) if self.tokenizer else ""
-        return GenerationResult(text=text, token_ids=result.tokens, prompt_ids=ids, stats=result.stats)
-
-    def _stopper(self, stop_strings: Sequence[str] | None,
-                 min_new_tokens: int = 0) -> Callable[[list[int]], bool] | None:
-        if not stop_strings:
-            return None
-        tok = self.tokenizer
-        longest = max(len(s) for s in stop_strings)
-
-        def stop(out: list[int]) -> bool:
-            if len(out) < min_new_tokens:    # as vLLM: no stop string before min_new_tokens
-                return False
-            # enough trailing tokens to hold the longest stop string (>= 1 char per token)
-            tail = tok.decode(out[-(longest + 2):], skip_special_tokens=False)
-            return any(s in tail for s in stop_strings)
-
-        return stop
+        text = ""
+        if stream is not None:
+            chunk = stream.finish()
+            if chunk and on_text is not None:
+                on_text(chunk)
+            text = stream.text
+        return GenerationResult(text=text, token_ids=result.tokens, prompt_ids=ids, stats=result.stats,
+                                stop_string=stream.stop_string if stream is not None else None)
 
 
 def resolve_rule(rule: str | Rule, k: int | str, drafters: dict) -> Rule:
@@ -318,27 +336,3 @@ def resolve_rule(rule: str | Rule, k: int | str, drafters: dict) -> Rule:
     if rule not in RULES:
         raise ValueError(f"rule must be auto or one of {', '.join(RULES)}, got {rule!r}")
     return RULES[rule]
-
-
-class _TextStream:
-    """Incremental detokenisation; holds back text that ends inside a UTF-8 character."""
-
-    def __init__(self, tokenizer, on_text: Callable[[str], None]) -> None:
-        self.tokenizer, self.on_text = tokenizer, on_text
-        self.tokens: list[int] = []
-        self.printed = 0
-
-    def put(self, block: list[int]) -> None:
-        self.tokens.extend(block)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
-        if len(text) > self.printed:
-            self.on_text(text[self.printed:])
-            self.printed = len(text)
-
-    def end(self) -> None:
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if len(text) > self.printed:
-            self.on_text(text[self.printed:])
-            self.printed = len(text)

@@ -8,7 +8,40 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .common import BACKEND, DRAFT, TARGET, build_decoder, err, fail, sampling_or_fail
+from .common import (BACKEND, BAD_WORD, DRAFT, FREQUENCY_PENALTY, LOGIT_BIAS, MIN_NEW_TOKENS, MIN_P,
+                     PRESENCE_PENALTY, REPETITION_PENALTY, TARGET, bad_words_ids, build_decoder,
+                     controls_from_options, err, fail, sampling_or_fail)
+
+_DEFAULT_SIGNIFICANCE = 0.01
+
+
+def _significance(significance: Optional[float], alpha_alias: Optional[float]) -> float:
+    """--significance, or its deprecated spelling --alpha (which `plan` uses for α, the
+    acceptance rate), or the default; a clear error for a bad or conflicting value."""
+    flag = "--significance"
+    if alpha_alias is not None:
+        err.print("[yellow]warning:[/] --alpha is deprecated here, use --significance "
+                  "(α names the acceptance rate elsewhere)")
+        if significance is not None and significance != alpha_alias:
+            fail(f"--significance {significance} and --alpha {alpha_alias} disagree; "
+                 "give --significance only")
+        significance, flag = alpha_alias, "--alpha"
+    if significance is None:
+        return _DEFAULT_SIGNIFICANCE
+    if not 0 < significance < 1:
+        fail(f"{flag} is a significance level and must be in (0, 1), e.g. 0.01; got {significance}")
+    return significance
+
+
+def _rule_names(rules: str, known: tuple[str, ...]) -> list[str]:
+    """The --rules list: known names, duplicates dropped, order kept."""
+    wanted = list(dict.fromkeys(r.strip() for r in rules.split(",") if r.strip()))
+    if not wanted:
+        fail(f"--rules is empty: name one or more of {', '.join(known)}")
+    unknown = [r for r in wanted if r not in known]
+    if unknown:
+        fail(f"--rules: unknown {unknown}; choose from {', '.join(known)}")
+    return wanted
 
 
 def audit(
@@ -23,12 +56,29 @@ def audit(
     k: int = typer.Option(3, "--k", min=1, help="draft length"),
     n_samples: int = typer.Option(2000, "--n-samples", min=10, help="samples per implementation (N)"),
     m: int = typer.Option(3, "--m", min=1, max=8, help="new tokens per sample"),
-    alpha_level: float = typer.Option(0.01, "--alpha", help="significance level (Bonferroni-corrected)"),
+    significance: Optional[float] = typer.Option(
+        None, "--significance",
+        help=f"family-wise significance level of the tests, Bonferroni-corrected over the m + 1 "
+             f"tests [default: {_DEFAULT_SIGNIFICANCE}]"),
+    alpha_alias: Optional[float] = typer.Option(None, "--alpha", hidden=True,
+                                                help="deprecated spelling of --significance"),
     temperature: float = typer.Option(1.0, "--temperature", help="> 0: an audit needs sampling"),
     top_k: int = typer.Option(0, "--top-k"),
     top_p: float = typer.Option(1.0, "--top-p"),
+    min_p: float = MIN_P,
+    repetition_penalty: float = REPETITION_PENALTY,
+    presence_penalty: float = PRESENCE_PENALTY,
+    frequency_penalty: float = FREQUENCY_PENALTY,
+    logit_bias: Optional[list[str]] = LOGIT_BIAS,
+    bad_word: Optional[list[str]] = BAD_WORD,
+    min_new_tokens: int = MIN_NEW_TOKENS,
+    rule: str = typer.Option("standard", "--rule",
+                             help="the acceptance rule verispec runs (audited as 'verispec'): "
+                                  "standard (min(1, p/q)) or gumbel (coupled)"),
     rules: str = typer.Option("verispec,naive-agree,naive-always-accept", "--rules",
-                              help="implementations to audit: verispec, naive-agree, naive-always-accept, hf-assisted"),
+                              help="implementations to audit, comma-separated: verispec (the --rule "
+                                   "verispec runs), standard, gumbel, naive-agree, "
+                                   "naive-always-accept, hf-assisted (statistical audit only)"),
     exact: bool = typer.Option(False, "--exact", help="only the exact enumeration on toy models (seconds, no model)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -37,16 +87,29 @@ def audit(
     from ..drafters.lookup import LookupDrafter
     from ..drafters.model import ModelDrafter
     from ..policy import FixedPolicy
+    from ..verify import RULES
 
-    sampling = sampling_or_fail(temperature, top_k, top_p)
-    if not 0 < alpha_level < 1:
-        fail(f"--alpha is a significance level and must be in (0, 1), e.g. 0.01; got {alpha_level}")
+    controls = controls_from_options(min_p, repetition_penalty, presence_penalty, frequency_penalty,
+                                     logit_bias, min_new_tokens)
+    sampling = sampling_or_fail(temperature, top_k, top_p, **controls)
+    if min_new_tokens > m:
+        fail(f"--min-new-tokens ({min_new_tokens}) must not exceed --m ({m})")
+    significance = _significance(significance, alpha_alias)
+    if rule not in RULES:
+        fail(f"--rule must be one of {', '.join(RULES)}, got {rule!r}")
+    verispec_rule = RULES[rule]
     if not exact and not prompt.strip():
         fail("--prompt is empty: give the text the audited samples continue")
     if exact:
+        wanted = _rule_names(rules, A.RULE_NAMES + ("hf-assisted",))
+        if "hf-assisted" in wanted:
+            fail("--rules hf-assisted has no exact enumeration (transformers runs its own loop); "
+                 "drop it, or leave out --exact for the statistical audit")
         p, q = A.seed_example()
         reports = A.audit_exact_rules(p, lambda: FixedPolicy(ModelDrafter(q), k), [0], n=3, k=k,
-                                      sampling=sampling)
+                                      sampling=sampling,
+                                      rules={name: A.audited_rule(name, verispec_rule)
+                                             for name in wanted})
         if as_json:
             print(json.dumps([r.to_dict() for r in reports], default=str))
         else:
@@ -55,13 +118,7 @@ def audit(
         return
     if temperature == 0:
         fail("--temperature must be > 0: greedy output is deterministic, compare it with generate --compare")
-    wanted = [r.strip() for r in rules.split(",") if r.strip()]
-    if not wanted:
-        fail("--rules is empty: name one or more of verispec, naive-agree, naive-always-accept, hf-assisted")
-    unknown = set(wanted) - {"verispec", "naive-agree", "naive-always-accept", "hf-assisted"}
-    if unknown:
-        fail(f"--rules: unknown {sorted(unknown)}; choose from verispec, naive-agree, "
-              "naive-always-accept, hf-assisted")
+    wanted = _rule_names(rules, A.RULE_NAMES + ("hf-assisted",))
     if drafter not in ("model", "lookup"):
         fail(f"--drafter must be model or lookup for an audit, got {drafter!r}")
     decoder, backend = build_decoder(target, draft if drafter == "model" else "none", backend, drafter,
@@ -69,26 +126,43 @@ def audit(
     if drafter == "model" and decoder.draft is None:
         fail("--drafter model needs a draft model (--draft)")
     ids = decoder.encode(prompt)
+    # the controls on the real target: its EOS ids (min_new_tokens) and tokenized bad words
+    sampling = sampling_or_fail(temperature, top_k, top_p, **controls,
+                                bad_words_ids=bad_words_ids(decoder.tokenizer, bad_word),
+                                eos_token_ids=decoder.target.eos_token_ids)
+    try:
+        sampling.check_vocab(decoder.target.vocab_size)
+    except ValueError as e:
+        fail(str(e))
+    if sampling.has_controls and "hf-assisted" in wanted:
+        fail("--rules hf-assisted runs transformers' own loop, which verispec cannot give its "
+             "sampling controls; drop the controls or hf-assisted")
     the_drafter = ModelDrafter(decoder.draft) if drafter == "model" else LookupDrafter()
     factory = lambda: FixedPolicy(the_drafter, k)  # noqa: E731
-    all_samplers = A.rule_samplers(decoder.target, factory, ids, m, sampling)
-    samplers = {"target": all_samplers["target"]}
+    built = A.rule_samplers(decoder.target, factory, ids, m, sampling, rule=verispec_rule,
+                            rules=[name for name in wanted if name != "hf-assisted"])
+    samplers = {"target": built["target"]}
     for name in wanted:
-        if name == "hf-assisted":
-            if backend != "transformers" or decoder.draft is None:
-                fail("--rules hf-assisted needs --backend transformers and a draft model")
-            samplers[name] = A.hf_assisted_sampler(decoder.target.model, decoder.draft.model, ids, m,
+        if name != "hf-assisted":
+            samplers[name] = built[name]
+            continue
+        if decoder.draft is None:
+            fail("--rules hf-assisted needs a draft model (--drafter model --draft ...)")
+        try:
+            samplers[name] = A.hf_assisted_sampler(decoder.target, decoder.draft, ids, m,
                                                    temperature, top_k, top_p)
-        else:
-            samplers[name] = all_samplers[name]
+        except (ValueError, TypeError) as e:
+            fail(f"--rules hf-assisted: {e}")
     err.print(f"audit: target {decoder.target.name} ({backend}), drafter {drafter}, k={k}, "
-              f"N={n_samples} samples of m={m} tokens per implementation, significance {alpha_level} "
-              f"(Bonferroni over {m + 1} tests), T={temperature}, top-k={top_k}, top-p={top_p}")
-    reports = A.audit_rules(samplers, n_samples, m, alpha_level)
+              f"verispec's rule {rule}, N={n_samples} samples of m={m} tokens per implementation, "
+              f"significance {significance} (Bonferroni over {m + 1} tests), T={temperature}, "
+              f"top-k={top_k}, top-p={top_p}"
+              + (f", controls {({k: v for k, v in controls.items() if v}) }" if sampling.has_controls
+                 or min_p else ""))
+    reports = A.audit_rules(samplers, n_samples, m, significance)
     if as_json:
         print(json.dumps({name: r.to_dict() for name, r in reports.items()}, default=str))
         return
     console = Console()
     for name, report in reports.items():
         console.print(report.table())
-

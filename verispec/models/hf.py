@@ -95,6 +95,14 @@ class HFModel(CausalLM):
         elif drop > 0:
             self.cache.crop(-drop)
 
+    @property
+    def transformers_model(self):
+        """The wrapped transformers `PreTrainedModel` (eval mode), for code that calls
+        transformers itself, e.g. `generate` (`verispec.audit.hf_assisted_sampler`).
+        It shares this wrapper's weights but not its KV cache, so using it leaves the
+        wrapper's state alone."""
+        return self.model
+
     def cache_length(self) -> int:
         """Tokens actually held in the KV cache (for tests of rollback)."""
         return int(self.cache.get_seq_length())
