@@ -5,6 +5,7 @@ import torch
 
 from verispec import theory
 from verispec.decoding import RoundRecord, decode
+from verispec.drafters import Confidence, SuffixDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.policy import AdaptivePolicy, FixedPolicy, make_policy
 from verispec.sampling import SamplingConfig, TorchRandomness
@@ -216,8 +217,6 @@ def test_verification_is_padded_to_a_cheaper_width_and_priced_at_it():
 
 
 # -- evidence-gated drafting (point-mass drafters that report their confidence) -----------
-
-from verispec.drafters import Confidence, SuffixDrafter   # noqa: E402
 
 WEAK = [Confidence(0.4, 1, 5)] * 4                      # a 1-token match, a split vote
 STRONG = [Confidence(1.0, 20 + i, 3) for i in range(4)]   # a long match, always followed so

@@ -6,16 +6,27 @@ import random
 
 import pytest
 import torch
+from conftest import tiny_llama
 
 from verispec.api import SpeculativeDecoder
-from verispec.audit import exact_distribution, target_distribution, toy_random_model, total_variation
+from verispec.audit import (
+    exact_distribution,
+    target_distribution,
+    total_variation,
+    toy_random_model,
+)
 from verispec.decoding import RoundRecord, decode
-from verispec.drafters import DRAFTERS, Confidence, LookupDrafter, SuffixCache, SuffixDrafter, build_drafters
+from verispec.drafters import (
+    DRAFTERS,
+    Confidence,
+    LookupDrafter,
+    SuffixCache,
+    SuffixDrafter,
+    build_drafters,
+)
 from verispec.policy import AdaptivePolicy, FixedPolicy
 from verispec.sampling import SamplingConfig, SeededRandomness, TorchRandomness
 from verispec.verify import gumbel
-
-from conftest import tiny_llama
 
 TOL = 1e-12
 GREEDY = SamplingConfig()

@@ -15,9 +15,23 @@ from .lookup import LookupDrafter
 from .model import ModelDrafter
 from .suffix import SERVE_CACHE_TOKENS, SuffixCache, SuffixDrafter
 
-__all__ = ["DRAFTERS", "DRAFTER_CHOICES", "Confidence", "Drafter", "DraftSampler", "DrafterKind",
-           "LookupDrafter", "ModelDrafter", "SERVE_CACHE_TOKENS", "SuffixAutomaton", "SuffixCache", "SuffixDrafter",
-           "build_drafters", "check_drafter_choice", "point_masses"]
+__all__ = [
+    "DRAFTERS",
+    "DRAFTER_CHOICES",
+    "SERVE_CACHE_TOKENS",
+    "Confidence",
+    "DraftSampler",
+    "Drafter",
+    "DrafterKind",
+    "LookupDrafter",
+    "ModelDrafter",
+    "SuffixAutomaton",
+    "SuffixCache",
+    "SuffixDrafter",
+    "build_drafters",
+    "check_drafter_choice",
+    "point_masses",
+]
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ class SuffixAutomaton:
         end: [states] most recent end position (index into `tokens`), -1 for the root.
     """
 
-    __slots__ = ("tokens", "length", "link", "next", "count", "end", "last")
+    __slots__ = ("count", "end", "last", "length", "link", "next", "tokens")
 
     def __init__(self, tokens: Iterable[int] = ()) -> None:
         self.tokens: list[int] = []

@@ -31,7 +31,6 @@ from collections.abc import Iterable, Sequence
 from .automaton import SuffixAutomaton
 from .base import Confidence, DraftSampler
 
-
 #: `verispec serve`'s default suffix cache size, in tokens (at most ~32 MB of index).
 SERVE_CACHE_TOKENS = 32768
 
