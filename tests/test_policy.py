@@ -5,6 +5,7 @@ import torch
 
 from verispec import theory
 from verispec.decoding import RoundRecord, decode
+from verispec.drafters import Confidence, SuffixDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.policy import AdaptivePolicy, FixedPolicy, make_policy
 from verispec.sampling import SamplingConfig, TorchRandomness
@@ -213,3 +214,146 @@ def test_verification_is_padded_to_a_cheaper_width_and_priced_at_it():
     for n in range(1, 6):
         flat.observe(record(n - 1, 0, 0.0, 1.0 + 0.5 * (n - 1), 0.1, drafter="calibration"))
     assert [flat.verify_width(n) for n in range(1, 6)] == [1, 2, 3, 4, 5]
+
+
+# -- evidence-gated drafting (point-mass drafters that report their confidence) -----------
+
+WEAK = [Confidence(0.4, 1, 5)] * 4                      # a 1-token match, a split vote
+STRONG = [Confidence(1.0, 20 + i, 3) for i in range(4)]   # a long match, always followed so
+
+
+class PooledDrafter:
+    """A point-mass drafter that reports no evidence: the policy keeps one α per position."""
+
+    name = "suffix"
+    point_mass = True
+    alpha_prior = 0.5
+    forwards = 0
+    seconds = 0.0
+    catchup_seconds = 0.0
+
+    def available(self, context):
+        return 4
+
+
+class EvidenceDrafter(PooledDrafter):
+    """The same drafter, reporting weak evidence on odd-length contexts, strong on even."""
+
+    def confidences(self, context):
+        return STRONG if len(context) % 2 == 0 else WEAK
+
+
+def run_evidence(policy, rounds, curve, seed=0):
+    """Simulated rounds: strong evidence is accepted at α = 0.98, weak at α = 0.05."""
+    coins = random.Random(seed)
+    chosen = {"weak": [], "strong": []}
+    for r in range(rounds):
+        seq = [0] * (10 + r)
+        strong = len(seq) % 2 == 0
+        alpha = 0.98 if strong else 0.05
+        _, k = policy.choose(seq)
+        chosen["strong" if strong else "weak"].append(k)
+        accepted = 0
+        while accepted < k and coins.random() < alpha:
+            accepted += 1
+        policy.observe(RoundRecord(drafter="suffix" if k else "none", k=k, accepted=accepted,
+                                   committed=accepted + 1, alphas=torch.full((k,), alpha),
+                                   px=torch.zeros(k), qx=torch.zeros(k),
+                                   target_seconds=curve(k + 1), draft_seconds=0.001 * k))
+    return chosen
+
+
+def test_learns_alpha_per_evidence_and_drafts_only_the_rounds_that_pay():
+    # llama.cpp-like: a 2-token forward costs 1.66 single ones; only near-certain drafts pay
+    curve = lambda n: 1.0 + 0.66 * (n - 1)
+    policy = AdaptivePolicy({"suffix": EvidenceDrafter()}, k_max=4)
+    for n in range(1, 6):
+        policy.observe(record(n - 1, 0, 0.0, curve(n), 0.0, drafter="calibration"))
+    chosen = run_evidence(policy, 400, curve)
+    assert chosen["weak"][-100:].count(0) >= 98             # weak evidence: plain rounds
+    strong = [k for k in chosen["strong"][-100:] if k]
+    assert len(strong) >= 90 and min(strong) >= 2           # strong evidence: several tokens
+    assert policy.alphas("suffix", 1, STRONG)[0] > 0.9
+    assert policy.alphas("suffix", 1, WEAK)[0] <= 0.4      # its prior: min(0.5, frequency)
+    # one α for both kinds of round (≈ 0.5) never pays on this curve: no drafting at all
+    pooled = AdaptivePolicy({"suffix": PooledDrafter()}, k_max=4)
+    for n in range(1, 6):
+        pooled.observe(record(n - 1, 0, 0.0, curve(n), 0.0, drafter="calibration"))
+    ks = run_evidence(pooled, 400, curve)
+    assert sum(1 for k in ks["strong"][-100:] if k) < 10
+
+
+def test_the_suffix_drafter_on_a_prompt_without_repetition_drafts_nothing():
+    curve = lambda n: 1.0 + 0.1 * (n - 1)     # drafting would be cheap: it still has nothing
+    policy = AdaptivePolicy({"suffix": SuffixDrafter()}, k_max=8)
+    for n in range(1, 10):
+        policy.observe(record(n - 1, 0, 0.0, curve(n), 0.0, drafter="calibration"))
+    prompt = list(range(100, 160))
+    for r in range(40):                       # plain rounds, probes included: nothing to offer
+        seq = prompt + list(range(200, 200 + r))
+        assert policy.choose(seq) == (None, 0)
+        policy.observe(record(0, 0, 0.0, 1.0, 0.0, drafter="none"))
+    repeated = prompt + prompt[:5]            # the moment the text repeats, it drafts
+    drafter, k = policy.choose(repeated)
+    assert drafter is policy.drafters["suffix"] and k > 0
+
+
+# -- a probe is charged the draft model's catch-up before it is taken ----------------------
+
+class CatchingUpDrafter(FakeDrafter):
+    """A draft model that has read nothing yet: its catch-up is the whole context."""
+
+    def __init__(self):
+        self.cached = 0
+
+    def catchup_tokens(self, context):
+        return len(context) - self.cached
+
+    def calibrate(self, context):
+        return 0.05, 0.3     # seconds per caught-up token, per drafted token (T_t(1) = 1)
+
+
+def first_probe(prompt_tokens, budget, explore_fraction=1.0, rounds=None):
+    """Run plain rounds on a GPU-less cost curve; the round of the first draft (or None)."""
+    curve = lambda n: 1.0 + 0.3 * (n - 1)
+    drafter = CatchingUpDrafter()
+    policy = AdaptivePolicy({"model": drafter}, k_max=4, explore_fraction=explore_fraction)
+    for n in range(1, 6):
+        policy.observe(record(n - 1, 0, 0.0, curve(n), 0.0, drafter="calibration"))
+    assert policy.calibrate_drafters([0] * prompt_tokens) == {"model": (0.05, 0.3)}
+    policy.start(max_new_tokens=budget)
+    prompt = [0] * prompt_tokens
+    for r in range(rounds or budget):
+        _, k = policy.choose(prompt + [1] * r)
+        if k:
+            return r, policy
+        policy.observe(record(0, 0, 0.0, 1.0, 0.0, drafter="none"))
+    return None, policy
+
+
+def test_a_probe_is_taken_only_when_the_gain_over_the_budget_pays_for_the_catch_up():
+    # a good draft would give S ≈ 1.23 here: the 64-token budget saves ≈ 12 s at most;
+    # reading the 671-token prompt costs 671 × 0.05 ≈ 34 s: the draft model is never probed,
+    never, r = first_probe(671, 64, rounds=63)
+    assert never is None
+    seq = [0] * (671 + 40)
+    charge, missing = r.catchup_charge("model", seq)
+    assert missing == 711 and charge == pytest.approx(711 * 0.05)
+    assert r.may_probe("model", charge)                 # the ration alone would allow it by now,
+    assert not r.pays_for(r.predict("model", 2, r.probe_alpha), charge, seq)   # the gain does not
+    # ... while a long budget (≈ 370 s to save) pays, once the time spent covers the charge
+    # (the ration: a probe may not lose more than was spent), and a short prompt (1 s) at once
+    long_budget, _ = first_probe(671, 2000)
+    assert 35 <= long_budget <= 48
+    assert first_probe(20, 64)[0] == 7      # the 8th plain round in a row: `probe_every`
+    # the default ration (10% of the time spent) counts the charge too
+    late, _ = first_probe(671, 2000, explore_fraction=0.1)
+    assert late is not None and late >= 330
+
+
+def test_the_catch_up_cost_is_learned_from_catch_ups():
+    _, policy = first_probe(20, 64)
+    drafted = record(2, 1, 0.9, 1.6, 0.3)
+    drafted.catchup_seconds = 19 * 0.2          # it fed 20 + 8 - 1 tokens at 0.2 s each
+    policy.observe(drafted)
+    assert 0.05 < policy.prefill_cost["model"].mean < 0.2

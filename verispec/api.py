@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .decoding import DecodeResult, Stats, decode
-from .drafters import build_drafters, check_drafter_choice
+from .drafters import SuffixCache, build_drafters, check_drafter_choice
 from .models import backend_class, check_backend
 from .models.base import CausalLM
 from .policy import make_policy
@@ -128,27 +128,36 @@ class SpeculativeDecoder:
     Args:
         target: model spec or `CausalLM` (see `load_model`).
         draft: draft model spec or `CausalLM`, sharing the target's tokenizer;
-            None decodes without a draft model (plain, or prompt lookup).
-        drafter: "auto" (every usable drafter), one name of
-            `verispec.drafters.DRAFTERS` ("model", "lookup"), or "none".
+            None decodes without a draft model (plain, suffix decoding or prompt lookup).
+        drafter: "auto" (every usable drafter: "model" with a draft, "suffix"), one
+            name of `verispec.drafters.DRAFTERS` ("model", "suffix", "lookup"), or "none".
         backend, device: see `load_model`.
+        suffix_cache_size: tokens of this decoder's earlier outputs the suffix drafter
+            also drafts from (`verispec.drafters.SuffixCache`: whole outputs, least
+            recently used evicted first; ~1 KB per token at most); 0 = off.
 
     Raises:
         TokenizerMismatchError: if the draft's tokenizer differs.
-        ValueError: naming `drafter` for an unknown drafter, or "model" without a draft.
+        ValueError: naming `drafter` for an unknown drafter, or "model" without a draft;
+            naming `suffix_cache_size` when it is negative.
     """
 
     def __init__(self, target: str | CausalLM, draft: str | CausalLM | None = None, *,
                  drafter: str = "auto", backend: str = "transformers",
-                 device: str | None = None) -> None:
+                 device: str | None = None, suffix_cache_size: int = 0) -> None:
         check_drafter_choice(drafter, has_draft_model=draft is not None)
+        if isinstance(suffix_cache_size, bool) or not isinstance(suffix_cache_size, int) \
+                or suffix_cache_size < 0:
+            raise ValueError(f"suffix_cache_size must be an integer >= 0 (tokens; 0 = off), "
+                             f"got {suffix_cache_size!r}")
         self.target = load_model(target, backend=backend, device=device)
         self.draft = load_model(draft, backend=backend, device=device) if draft is not None else None
         if self.draft is not None:
             check_compatible(self.target, self.draft)
         self.drafter = drafter
         self.tokenizer = self.target.tokenizer
-        self.drafters = build_drafters(drafter, self.draft)
+        self.suffix_cache = SuffixCache(suffix_cache_size) if suffix_cache_size else None
+        self.drafters = build_drafters(drafter, self.draft, suffix_cache=self.suffix_cache)
         self._auto_policy = None   # kept across calls: the cost curve is the machine's, not the prompt's
 
     def encode(self, prompt: str | Sequence[int], use_chat_template: bool | None = None) -> list[int]:
@@ -262,7 +271,7 @@ class SpeculativeDecoder:
             if self._auto_policy is None:
                 self._auto_policy = make_policy("auto", self.drafters)
             policy = self._auto_policy
-            policy.start()
+            policy.start(max_new_tokens)
             if not policy.calibrated and self.drafters and max_new_tokens > 1:
                 policy.calibrate(self.target, ids)   # once per decoder: this machine's cost curve
         else:
@@ -286,6 +295,8 @@ class SpeculativeDecoder:
             self.target, ids, policy, sampling=sampling, max_new_tokens=max_new_tokens,
             rng=SeededRandomness(seed), rule=the_rule, stop=stop if stops else None,
             on_commit=on_commit if stream is not None else None, observer=observer)
+        if self.suffix_cache is not None:   # later generations may draft from this output
+            self.suffix_cache.add(result.tokens)
         text = ""
         if stream is not None:
             chunk = stream.finish()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .decoding import Policy, RoundRecord
-from .drafters.base import Drafter
+from .drafters.base import Confidence, Drafter
 from .theory import speedup_cost_curve
 from .timing import time_forwards
 
@@ -56,6 +56,34 @@ class _Decayed:
         return self.total / self.weight
 
 
+class _EvidenceTable:
+    """One drafter's α as a function of its evidence (`Confidence.cell`: match length ×
+    frequency bin): a decayed mean of the exact α per cell, shrunk towards the mean of
+    its match-length bin, itself shrunk towards a base guess (empirical Bayes with
+    pseudo-counts: each level weighs `weight` observations)."""
+
+    __slots__ = ("cells", "lengths")
+
+    def __init__(self) -> None:
+        self.cells: dict[tuple[int, int], _Decayed] = {}
+        self.lengths: dict[int, _Decayed] = {}
+
+    def add(self, confidence: Confidence, alpha: float, decay: float) -> None:
+        cell = confidence.cell
+        self.cells.setdefault(cell, _Decayed()).add(alpha, decay)
+        self.lengths.setdefault(cell[0], _Decayed()).add(alpha, decay)
+
+    def estimate(self, confidence: Confidence, base: float, weight: float, floor: float = 0.0) -> float:
+        """α for a drafted token with this evidence; `floor` raises the shrinkage target
+        (optimistic probes), so only cells without much data of their own look good."""
+        cell = confidence.cell
+        row = self.lengths.get(cell[0])
+        prior = base if row is None else (row.total + weight * base) / (row.weight + weight)
+        prior = max(prior, floor)
+        stat = self.cells.get(cell)
+        return prior if stat is None else (stat.total + weight * prior) / (stat.weight + weight)
+
+
 class AdaptivePolicy(Policy):
     """Choose (drafter, k) each round to maximise expected tokens per second.
 
@@ -76,6 +104,11 @@ class AdaptivePolicy(Policy):
         tried once); T_t(1) comes from plain rounds: the first round is plain,
         and one in `refresh_every` rounds is plain to follow the growing context;
       * T_d: drafting seconds per drafted token.
+    A drafter that reports its evidence per drafted token (`confidences`: the
+    continuation's frequency and the match length it is conditioned on, as the
+    suffix drafter does) gets α_d,i from its evidence instead of its position:
+    the exact α learned per (match length, frequency) bin (`_EvidenceTable`), so
+    it drafts on the rounds whose evidence has paid and skips the rest.
     T_t(k+1) above is the cheapest measured T_t(m) over m >= k+1 (`verify_width`):
     the decode loop pads the verification forward to that width.
     The best (d, k) is used if its S > 1 + margin; otherwise the round is plain
@@ -90,9 +123,19 @@ class AdaptivePolicy(Policy):
     spent so far, so a short answer is not slowed down by a probe of a draft
     model that has to read the whole prompt first.
 
+    A drafter that must first read context it lacks (`catchup_tokens`: a draft
+    model after the prompt or plain rounds) is charged that catch-up *before* it
+    is chosen or probed: missing tokens × its seconds per caught-up token (timed
+    at `calibrate`, then learned from catch-ups). It is taken only when drafting
+    at the predicted speedup S (the optimistic one for a probe) for the rest of
+    the budget would save more: R · T_t(1) · (1 - 1/S) > charge, R the tokens left
+    (`start(max_new_tokens)`); the charge also counts against the probe ration.
+
     Between generations (`start`) the α estimates are not reset but kept with
     `carry` of their weight, so the previous text's acceptance is a weak prior
-    for the next one; the cost curve and the probe losses are kept whole.
+    for the next one; the cost curve, the catch-up costs, the probe losses and
+    the evidence tables (the model pair's, not the text's; they follow drift
+    through `evidence_decay`) are kept whole.
 
     Args:
         drafters: name -> drafter (e.g. {"model": ModelDrafter(...), "lookup": LookupDrafter()}).
@@ -110,21 +153,24 @@ class AdaptivePolicy(Policy):
             probes may lose, in [0, 1].
         carry: weight kept by the α estimates from one generation to the next,
             in [0, 1] (0 = start each generation from `alpha_prior`).
+        evidence_decay: weight of the past per new observation in an evidence
+            cell, in (0, 1) (slower than `decay`: cells see few observations each).
 
     Raises:
         ValueError: for k_max < 1, decay outside (0, 1), or explore_fraction or
-            carry outside [0, 1].
+            carry outside [0, 1], or evidence_decay outside (0, 1).
     """
 
     def __init__(self, drafters: dict[str, Drafter], *, k_max: int = 8, decay: float = 0.9,
                  alpha_prior: float = 0.6, prior_weight: float = 3.0, margin: float = 0.03,
                  probe_every: int = 8, probe_alpha: float = 0.9, explore_slope: float = 0.1,
                  refresh_every: int = 32, explore_fraction: float = 0.1,
-                 carry: float = 0.3) -> None:
+                 carry: float = 0.3, evidence_decay: float = 0.98) -> None:
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
             raise ValueError(f"k_max must be an integer >= 1, got {k_max!r}")
-        if not 0 < decay < 1:
-            raise ValueError(f"decay must be in (0, 1), got {decay!r}")
+        for label, value in (("decay", decay), ("evidence_decay", evidence_decay)):
+            if not 0 < value < 1:
+                raise ValueError(f"{label} must be in (0, 1), got {value!r}")
         for label, value in (("explore_fraction", explore_fraction), ("carry", carry)):
             if not 0 <= value <= 1:
                 raise ValueError(f"{label} must be in [0, 1], got {value!r}")
@@ -147,6 +193,12 @@ class AdaptivePolicy(Policy):
         self.spent = 0.0        # decoding seconds observed in this generation
         self.explored = 0.0     # of which lost to probes
         self.probing: str | None = None
+        self.evidence_decay = evidence_decay
+        self.evidence = {name: _EvidenceTable() for name in self.drafters}
+        self.prefill_cost = {name: _Decayed() for name in self.drafters}   # s per caught-up token
+        self.budget: int | None = None          # max_new_tokens of this generation
+        self.prompt_length: int | None = None   # len(seq) at its first round
+        self._round: tuple[str, list[Confidence] | None, int] | None = None   # what choose() drafted
 
     # -- estimates -----------------------------------------------------------
     def target_time(self, n: int) -> float | None:
@@ -194,6 +246,9 @@ class AdaptivePolicy(Policy):
         here, 8 rows cost less than 3), so measuring every n beats
         extrapolating. Leaves the target's cache holding context[:-1] (the state
         `decode` starts from). Costs about (repeats + 1) · Σ_n T_t(n) seconds.
+        Drafters with a `calibrate` method (a draft model) also time reading a
+        prefix of the context (work their first catch-up does anyway): the priors
+        of their catch-up cost per token and of T_d.
 
         Args:
             target: the target `CausalLM`.
@@ -222,13 +277,32 @@ class AdaptivePolicy(Policy):
         for n, values in samples.items():
             self.target_cost[n] = _Decayed()
             self.target_cost[n].add(statistics.median(values), self.decay)
+        self.calibrate_drafters(context)
         self.calibrated = True
         return {n: self.target_cost[n].mean for n in ns}
 
-    def start(self) -> None:
-        """A new generation: weaken α to `carry` of its weight and reset the probe
-        back-off and budget (they belong to the text); keep the cost curve and
-        the probe losses (they belong to the machine)."""
+    def calibrate_drafters(self, context: Sequence[int]) -> dict[str, tuple[float, float]]:
+        """Ask each drafter with a `calibrate` method (a draft model) to time reading a
+        prefix of `context`: the priors of its catch-up cost per token and of T_d.
+
+        Returns:
+            {name: (seconds per caught-up token, seconds per drafted token)} for the
+            drafters that measured something.
+        """
+        out = {}
+        for name, drafter in self.drafters.items():
+            timed = drafter.calibrate(context) if hasattr(drafter, "calibrate") else None
+            if timed is not None:
+                self.prefill_cost[name].add(timed[0], self.decay)
+                self.draft_cost[name].add(timed[1], self.decay)
+                out[name] = timed
+        return out
+
+    def start(self, max_new_tokens: int | None = None) -> None:
+        """A new generation of at most `max_new_tokens` tokens (None: unknown, never
+        short): weaken α to `carry` of its weight and reset the probe back-off and
+        budget (they belong to the text); keep the cost curve, the catch-up costs,
+        the probe losses (they belong to the machine) and the evidence tables."""
         for stats in self.alpha.values():
             for stat in stats:
                 stat.total *= self.carry
@@ -236,28 +310,69 @@ class AdaptivePolicy(Policy):
         self.probe_interval, self.plain_streak = self.probe_every, 0
         self.spent = self.explored = 0.0
         self.probing = None
+        self.budget, self.prompt_length, self._round = max_new_tokens, None, None
 
-    def may_probe(self, name: str) -> bool:
-        """Whether a probe of drafter `name` fits the exploration budget now."""
+    def remaining(self, seq: Sequence[int]) -> float:
+        """Tokens left in this generation's budget (inf when `start` was not told it)."""
+        if self.budget is None:
+            return float("inf")
+        if self.prompt_length is None:
+            self.prompt_length = len(seq)
+        return max(0, self.budget - (len(seq) - self.prompt_length))
+
+    def catchup_charge(self, name: str, seq: Sequence[int]) -> tuple[float, int]:
+        """(seconds, tokens): the catch-up drafter `name` needs before drafting after
+        `seq` (its `catchup_tokens` × its measured seconds per caught-up token; 0
+        while that cost is unknown or the drafter never catches up)."""
+        drafter, cost = self.drafters[name], self.prefill_cost[name]
+        if not hasattr(drafter, "catchup_tokens"):
+            return 0.0, 0
+        missing = drafter.catchup_tokens(seq)
+        return (missing * cost.mean if cost.weight else 0.0), missing
+
+    def pays_for(self, speedup: float, charge: float, seq: Sequence[int]) -> bool:
+        """Whether drafting at `speedup` for the rest of the budget saves more than
+        `charge` seconds: R · T_t(1) · (1 - 1/S) > charge (R = `remaining(seq)`)."""
+        if charge <= 0:
+            return True
+        if speedup <= 1.0:
+            return False
+        return self.remaining(seq) * (self.target_time(1) or 0.0) * (1.0 - 1.0 / speedup) > charge
+
+    def may_probe(self, name: str, charge: float = 0.0) -> bool:
+        """Whether a probe of drafter `name` fits the exploration budget now (its
+        typical loss, or the catch-up `charge` in seconds it would pay now if larger)."""
         loss = self.probe_loss[name]
-        expected = loss.mean if loss.weight else 0.0
+        expected = max(loss.mean if loss.weight else 0.0, charge)
         return self.explored + expected <= self.explore_fraction * self.spent
 
-    def alphas(self, name: str, k: int) -> list[float]:
-        """Estimated per-position acceptance α_1..α_k of drafter `name`."""
-        out, previous = [], getattr(self.drafters[name], "alpha_prior", self.alpha_prior)
+    def alphas(self, name: str, k: int, evidence: Sequence[Confidence] | None = None,
+               floor: float = 0.0) -> list[float]:
+        """Estimated per-position acceptance α_1..α_k of drafter `name`.
+
+        With `evidence` (the drafter's `confidences` for this proposal, len >= k), α_i
+        is learned per evidence cell (`_EvidenceTable`; base guess min(the drafter's
+        `alpha_prior`, frequency_i)); otherwise per position. `floor` raises the
+        estimates (per position) or the cells' shrinkage targets (evidence) to at least
+        that value: optimistic probes.
+        """
+        base = getattr(self.drafters[name], "alpha_prior", self.alpha_prior)
+        if evidence is not None:
+            table, weight = self.evidence[name], self.prior_weight
+            return [table.estimate(c, min(base, c.frequency), weight, floor) for c in evidence[:k]]
+        out, previous = [], base
         for stat in self.alpha[name][:k]:
             previous = (stat.total + self.prior_weight * previous) / (stat.weight + self.prior_weight)
-            out.append(previous)
+            out.append(max(previous, floor))
         return out
 
-    def predict(self, name: str, k: int, floor: float = 0.0) -> float:
+    def predict(self, name: str, k: int, floor: float = 0.0,
+                evidence: Sequence[Confidence] | None = None) -> float:
         """Predicted speedup S of drafting k tokens with drafter `name` (1.0 for k = 0).
 
         S = E(α_1..α_k) · T_t(1) / (k · T_d + T_t(w)), w = `verify_width(k + 1)`
         (Leviathan et al. 2023, Theorem 3.8, with a measured cost curve in place of
-        the constant cost ratio c). `floor` raises every α estimate to at least that
-        value (optimistic probes).
+        the constant cost ratio c). `floor` and `evidence`: as in `alphas`.
 
         Raises:
             KeyError: if `name` is not one of the policy's drafters.
@@ -272,22 +387,31 @@ class AdaptivePolicy(Policy):
         cost = self.draft_cost[name]
         if t1 is None or tk is None or cost.weight == 0:
             return 1.0 + self.margin * 2   # no data yet: try it
-        alphas = [max(a, floor) for a in self.alphas(name, k)]
+        alphas = self.alphas(name, k, evidence, floor)
         # T_t(n) for n = k + 1 is the padded width's cost; T_t(1) the guarded one
         return speedup_cost_curve(alphas, k, lambda n: t1 if n == 1 else tk, cost.mean)
 
     # -- protocol --------------------------------------------------------------
     def choose(self, seq: Sequence[int]) -> tuple[Drafter | None, int]:
-        if 1 not in self.target_cost or self.rounds_since_plain >= self.refresh_every:
+        self._round = None
+        remaining = self.remaining(seq)   # (fixes the prompt length at the first round)
+        if 1 not in self.target_cost or self.rounds_since_plain >= self.refresh_every or remaining < 2:
             self.last_prediction = 1.0
             return None, 0                    # measure (or refresh) T_t(1) with a plain round
-        best_name, best_k, best_s = None, 0, 1.0 + self.margin
+        offers = {}   # name -> (most tokens it can draft now, its evidence or None)
         for name, drafter in self.drafters.items():
-            limit = min(self.k_max, drafter.available(seq))   # what it can offer now
+            evidence = drafter.confidences(seq) if hasattr(drafter, "confidences") else None
+            offers[name] = (min(self.k_max, drafter.available(seq)), evidence)
+        best_name, best_k, best_s = None, 0, 1.0 + self.margin
+        for name, (limit, evidence) in offers.items():
+            charge = None
             for k in range(1, limit + 1):
-                s = self.predict(name, k)
+                s = self.predict(name, k, evidence=evidence)
                 if s > best_s:
-                    best_name, best_k, best_s = name, k, s
+                    if charge is None:
+                        charge = self.catchup_charge(name, seq)[0]
+                    if self.pays_for(s, charge, seq):
+                        best_name, best_k, best_s = name, k, s
         if best_name is None:
             self.plain_streak += 1
             if self.plain_streak >= self.probe_interval and self.drafters:
@@ -299,25 +423,35 @@ class AdaptivePolicy(Policy):
                 names = list(self.drafters)
                 names = names[self.probes % len(names):] + names[:self.probes % len(names)]
                 for name in names:
-                    limit = min(self.k_max, self.drafters[name].available(seq))
+                    limit, evidence = offers[name]
                     if limit <= 0:
                         continue
-                    k = max(range(1, limit + 1), key=lambda k: self.predict(name, k, floor=self.probe_alpha))
-                    if self.predict(name, k, floor=self.probe_alpha) <= 1.0 + self.margin:
+                    optimistic = [self.predict(name, k, self.probe_alpha, evidence)
+                                  for k in range(1, limit + 1)]
+                    k = 1 + max(range(limit), key=optimistic.__getitem__)
+                    if optimistic[k - 1] <= 1.0 + self.margin:
                         continue   # would not pay even with a good draft: never worth probing
-                    if not self.may_probe(name):
+                    charge = self.catchup_charge(name, seq)[0]
+                    if not self.pays_for(optimistic[k - 1], charge, seq):
+                        continue   # its catch-up costs more than a good draft could save
+                    if not self.may_probe(name, charge):
                         continue   # too costly for the time spent so far: later
                     self.probe_interval = min(self.probe_interval * 2, 64)
                     self.probes += 1
-                    self.last_prediction = self.predict(name, k)
+                    self.last_prediction = self.predict(name, k, evidence=evidence)
                     self.probing = name
-                    return self.drafters[name], k
+                    return self._draft(name, k, evidence, seq)
             self.last_prediction = 1.0
             return None, 0
         self.plain_streak = 0
         self.probe_interval = self.probe_every   # drafting pays again: probe eagerly next time
         self.last_prediction = best_s
-        return self.drafters[best_name], best_k
+        return self._draft(best_name, best_k, offers[best_name][1], seq)
+
+    def _draft(self, name: str, k: int, evidence, seq: Sequence[int]) -> tuple[Drafter, int]:
+        """Remember what this round drafts (for `observe`) and return it."""
+        self._round = (name, evidence, self.catchup_charge(name, seq)[1])
+        return self.drafters[name], k
 
     def observe(self, record: RoundRecord) -> None:
         seconds = record.target_seconds + record.draft_seconds + record.catchup_seconds
@@ -330,12 +464,21 @@ class AdaptivePolicy(Policy):
         self.probing = None
         self.target_cost.setdefault(record.width, _Decayed()).add(record.target_seconds, self.decay)
         self.rounds_since_plain = 0 if record.k == 0 else self.rounds_since_plain + 1
+        chosen, self._round = self._round, None
         if record.k == 0 or record.drafter not in self.alpha:
             return
         verified = min(record.accepted + 1, record.k)
         for i in range(verified):
             self.alpha[record.drafter][i].add(float(record.alphas[i]), self.decay)
         self.draft_cost[record.drafter].add(record.draft_seconds / record.k, self.decay)
+        if chosen is not None and chosen[0] == record.drafter:
+            _, evidence, missing = chosen
+            if evidence is not None:
+                for i in range(min(verified, len(evidence))):
+                    self.evidence[record.drafter].add(evidence[i], float(record.alphas[i]),
+                                                      self.evidence_decay)
+            if missing > 2 and record.catchup_seconds > 0:   # it fed missing - 1 tokens
+                self.prefill_cost[record.drafter].add(record.catchup_seconds / (missing - 1), self.decay)
 
 
 def make_policy(k: int | str, drafters: dict[str, Drafter], *, k_max: int = 8, **kwargs):

@@ -111,17 +111,24 @@ DRAFT = typer.Option(None, "--draft", help="draft model (same tokenizer as the t
                      "(default: qwen2.5-coder-0.5b when the target is the default); 'none' for no draft model")
 BACKEND = typer.Option(None, "--backend", help="transformers or llamacpp (default: llamacpp on CPU "
                        "when installed, else transformers)")
-DRAFTER = typer.Option("auto", "--drafter", help="auto, model, lookup or none")
+DRAFTER = typer.Option("auto", "--drafter", help="auto (model with a draft, and suffix), model, "
+                       "suffix (suffix decoding, no model), lookup (prompt lookup) or none")
+SUFFIX_CACHE_SIZE = typer.Option(0, "--suffix-cache-size", min=0,
+                                 help="tokens of earlier outputs the suffix drafter also drafts from "
+                                 "(whole outputs, least recently used evicted; ~1 KB each); 0 = off")
 
 
 def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional[str], drafter: str,
-                  draft_layers: Optional[int] = None):
+                  draft_layers: Optional[int] = None, suffix_cache_size: int = 0):
     """Load target and draft for the CLI, turning library errors into clear messages."""
     from .. import registry
     from ..api import SpeculativeDecoder, load_model
+    from ..drafters import DRAFTER_CHOICES
 
-    if drafter not in ("auto", "model", "lookup", "none"):
-        fail(f"--drafter must be auto, model, lookup or none, got {drafter!r}")
+    if drafter not in DRAFTER_CHOICES:
+        fail(f"--drafter must be {', '.join(DRAFTER_CHOICES[:-1])} or none, got {drafter!r}")
+    if suffix_cache_size < 0:
+        fail(f"--suffix-cache-size must be >= 0 tokens (0 = off), got {suffix_cache_size}")
     backend = backend or default_backend()
     if backend not in ("transformers", "llamacpp"):
         fail(f"--backend must be transformers or llamacpp, got {backend!r}")
@@ -142,7 +149,8 @@ def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional
                     draft_model = load_model(target, backend=backend, num_hidden_layers=draft_layers)
                 else:
                     draft_model = load_model(draft, backend=backend, num_hidden_layers=draft_layers)
-        return SpeculativeDecoder(target_model, draft_model, drafter=drafter), backend
+        return SpeculativeDecoder(target_model, draft_model, drafter=drafter,
+                                  suffix_cache_size=suffix_cache_size), backend
     except typer.Exit:
         raise
     except (ValueError, FileNotFoundError, PermissionError, OSError, RuntimeError, ImportError) as e:

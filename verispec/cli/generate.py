@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from .common import (BACKEND, BAD_WORD, DRAFT, DRAFTER, FREQUENCY_PENALTY, LOGIT_BIAS, MIN_NEW_TOKENS,
-                     MIN_P, PRESENCE_PENALTY, REPETITION_PENALTY, TARGET, bad_words_ids,
+                     MIN_P, PRESENCE_PENALTY, REPETITION_PENALTY, SUFFIX_CACHE_SIZE, TARGET, bad_words_ids,
                      build_decoder, controls_from_options, err, fail, parse_k, sampling_or_fail,
                      stats_table)
 
@@ -40,6 +40,7 @@ def generate(
     no_chat_template: bool = typer.Option(False, "--no-chat-template", help="feed the prompt raw"),
     backend: Optional[str] = BACKEND,
     drafter: str = DRAFTER,
+    suffix_cache_size: int = SUFFIX_CACHE_SIZE,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of text + table"),
     compare: bool = typer.Option(False, "--compare", help="also run plain decoding and report the speedup"),
 ) -> None:
@@ -58,7 +59,7 @@ def generate(
         fail(f"--rule must be auto, standard or gumbel, got {rule!r}")
     if stop and any(not s for s in stop):
         fail("--stop needs a non-empty string")
-    decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers)
+    decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers, suffix_cache_size)
     controls["bad_words_ids"] = bad_words_ids(decoder.tokenizer, bad_word)
     warm = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                 use_chat_template=False if no_chat_template else None)

@@ -9,12 +9,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..models.base import CausalLM
-from .base import Drafter, DraftSampler, point_masses
+from .automaton import SuffixAutomaton
+from .base import Confidence, Drafter, DraftSampler, point_masses
 from .lookup import LookupDrafter
 from .model import ModelDrafter
+from .suffix import SERVE_CACHE_TOKENS, SuffixCache, SuffixDrafter
 
-__all__ = ["DRAFTERS", "DRAFTER_CHOICES", "Drafter", "DraftSampler", "DrafterKind",
-           "LookupDrafter", "ModelDrafter", "build_drafters", "check_drafter_choice", "point_masses"]
+__all__ = [
+    "DRAFTERS",
+    "DRAFTER_CHOICES",
+    "SERVE_CACHE_TOKENS",
+    "Confidence",
+    "DraftSampler",
+    "Drafter",
+    "DrafterKind",
+    "LookupDrafter",
+    "ModelDrafter",
+    "SuffixAutomaton",
+    "SuffixCache",
+    "SuffixDrafter",
+    "build_drafters",
+    "check_drafter_choice",
+    "point_masses",
+]
 
 
 @dataclass(frozen=True)
@@ -23,18 +40,29 @@ class DrafterKind:
 
     Attributes:
         needs_model: whether it drafts with a draft model (`make` gets it).
-        make: builds a fresh drafter from the draft model (or None).
+        make: builds a fresh drafter from the draft model (or None) and the
+            decoder's cache of earlier outputs (a `SuffixCache`, or None).
         help: one line for `--drafter`'s help.
+        in_auto: whether drafter="auto" uses it.
     """
 
     needs_model: bool
-    make: Callable[[CausalLM | None], Drafter]
+    make: Callable[[CausalLM | None, SuffixCache | None], Drafter]
     help: str
+    in_auto: bool = True
 
 
 DRAFTERS: dict[str, DrafterKind] = {
-    "model": DrafterKind(True, ModelDrafter, "a draft model sharing the target's tokenizer"),
-    "lookup": DrafterKind(False, lambda _: LookupDrafter(), "prompt lookup (n-gram match, no model)"),
+    "model": DrafterKind(True, lambda model, cache: ModelDrafter(model),
+                         "a draft model sharing the target's tokenizer"),
+    "suffix": DrafterKind(False, lambda model, cache: SuffixDrafter(cache=cache),
+                          "suffix decoding: the most frequent continuation of the longest "
+                          "repeated suffix (prompt, output, earlier outputs; no model)"),
+    # prompt lookup is the suffix drafter copying the most recent <= 4-gram match;
+    # "auto" uses "suffix", which subsumes it
+    "lookup": DrafterKind(False, lambda model, cache: LookupDrafter(),
+                          "prompt lookup (copy after the last <= 4 tokens' latest match, no model)",
+                          in_auto=False),
 }
 
 #: What `drafter=` accepts: one drafter, every usable one ("auto"), or none (plain decoding).
@@ -53,8 +81,14 @@ def check_drafter_choice(choice: str, *, has_draft_model: bool) -> None:
         raise ValueError(f"drafter={choice!r} needs a draft model: pass draft=... (--draft)")
 
 
-def build_drafters(choice: str, draft_model: CausalLM | None) -> dict[str, Drafter]:
-    """Fresh drafters for `choice` ("auto": every drafter usable with `draft_model`).
+def build_drafters(choice: str, draft_model: CausalLM | None, *,
+                   suffix_cache: SuffixCache | None = None) -> dict[str, Drafter]:
+    """Fresh drafters for `choice` ("auto": every `in_auto` drafter usable with `draft_model`).
+
+    Args:
+        choice: one of `DRAFTER_CHOICES`.
+        draft_model: the draft model, or None.
+        suffix_cache: earlier outputs for the suffix drafter to draft from, or None.
 
     Returns:
         name -> drafter, in `DRAFTERS` order (the first is a fixed k's drafter).
@@ -63,6 +97,9 @@ def build_drafters(choice: str, draft_model: CausalLM | None) -> dict[str, Draft
         ValueError: as `check_drafter_choice`.
     """
     check_drafter_choice(choice, has_draft_model=draft_model is not None)
-    names = [n for n, kind in DRAFTERS.items() if not kind.needs_model or draft_model is not None] \
-        if choice == "auto" else [] if choice == "none" else [choice]
-    return {n: DRAFTERS[n].make(draft_model) for n in names}
+    if choice == "auto":
+        names = [n for n, kind in DRAFTERS.items()
+                 if kind.in_auto and (not kind.needs_model or draft_model is not None)]
+    else:
+        names = [] if choice == "none" else [choice]
+    return {n: DRAFTERS[n].make(draft_model, suffix_cache) for n in names}

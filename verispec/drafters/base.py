@@ -10,6 +10,18 @@ step 1). Two kinds exist:
 * a *point-mass* drafter (prompt lookup, suffix decoding) proposes tokens
   deterministically from the context; its q_i is δ_{x_i}, and it returns q = None.
 
+Optional parts of the contract (the adaptive policy uses them when present):
+
+* `confidences(context)`: a point-mass drafter's evidence for each token it would
+  propose now (`Confidence`: the continuation's empirical frequency, the match
+  length it is conditioned on, the occurrences counted), so the policy can learn
+  α as a function of the evidence and draft only on the rounds that pay;
+* `catchup_tokens(context)`: how many context tokens the drafter must read before
+  it can draft (a draft model's cache after the prompt or plain rounds), so the
+  policy can charge that catch-up *before* choosing the drafter;
+* `calibrate(context)`: time reading a prefix of the context (work a later
+  catch-up does anyway) -> (seconds per caught-up token, seconds per drafted token).
+
 A new drafter is one file in `verispec/drafters/` plus one line in
 `verispec.drafters.DRAFTERS`.
 """
@@ -17,6 +29,7 @@ A new drafter is one file in `verispec/drafters/` plus one line in
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -71,6 +84,36 @@ class DraftSampler:
         return x, q
 
 
+@dataclass(frozen=True)
+class Confidence:
+    """A point-mass drafter's evidence for one drafted token x_i (SuffixDecoding,
+    Oliaro et al. 2024, §3.2, scores a draft by the same frequencies).
+
+    Attributes:
+        frequency: empirical P(x_i | matched text) = count(s·x_1..x_i) /
+            count(s·x_1..x_{i-1}·any) over the indexed text, in [0, 1].
+        match_length: tokens the frequency is conditioned on: the matched suffix s
+            of the context plus x_1..x_{i-1}, >= 1.
+        support: occurrences counted in the frequency's denominator, >= 1.
+    """
+
+    frequency: float
+    match_length: int
+    support: int
+
+    @property
+    def cell(self) -> tuple[int, int]:
+        """The (match-length, frequency) bin the policy learns α in.
+
+        Match length in powers of two: 1, 2-3, 4-7, 8-15, 16-31, >= 32 tokens (bins 0-5).
+        Frequency: < 0.5, [0.5, 0.8), [0.8, 1), 1 seen once, 1 seen at least twice (bins 0-4).
+        """
+        length = min(max(self.match_length, 1).bit_length() - 1, 5)
+        f = self.frequency
+        freq = (4 if self.support >= 2 else 3) if f >= 1.0 else 2 if f >= 0.8 else 1 if f >= 0.5 else 0
+        return length, freq
+
+
 class Drafter(Protocol):
     """Proposes draft tokens with the exact distribution q each was drawn from.
 
@@ -121,6 +164,19 @@ class Drafter(Protocol):
     def reset(self) -> None:
         """Forget all state tied to earlier text (caches, indexes)."""
         ...
+
+    # Optional (see the module docstring); the policy checks with hasattr.
+    #
+    # def confidences(self, context: Sequence[int]) -> list[Confidence]:
+    #     """Evidence for each token `propose(context, k)` would return, in order
+    #     (len == available(context); propose returns a prefix of that proposal)."""
+    #
+    # def catchup_tokens(self, context: Sequence[int]) -> int:
+    #     """Context tokens the drafter must read before drafting after `context`."""
+    #
+    # def calibrate(self, context: Sequence[int]) -> tuple[float, float] | None:
+    #     """(seconds per caught-up token, seconds per drafted token), timed on a
+    #     prefix of `context`; None when the context is too short to time."""
 
 
 def point_masses(x: Sequence[int], vocab_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -43,6 +43,36 @@ class ModelDrafter:
         """Room left in the draft's context (tokens)."""
         return max(0, self.model.context_length - len(context))
 
+    def catchup_tokens(self, context: Sequence[int]) -> int:
+        """Context tokens the draft's cache lacks: what `propose` must feed before drafting."""
+        cached = self.model.tokens
+        n = min(len(cached), len(context) - 1)
+        if cached[:n] != list(context[:n]):
+            n = next(i for i in range(n) if cached[i] != context[i])
+        return len(context) - n
+
+    def calibrate(self, context: Sequence[int], chunk: int = 16) -> tuple[float, float] | None:
+        """Time the draft on a prefix of `context` that its cache lacks (work the first
+        catch-up would do anyway): one untimed warm-up chunk, one timed chunk of
+        `chunk` tokens, then one timed single-token forward.
+
+        Returns:
+            (seconds per caught-up token, seconds per drafted token), or None when the
+            context has fewer than 2 * chunk + 2 tokens the cache lacks.
+        """
+        context = list(context)
+        self.model.rollback_to(context)
+        have = len(self.model.tokens)
+        if len(context) - 1 - have < 2 * chunk + 1 or max(context) >= self.model.vocab_size:
+            return None
+        self.model.forward(context[have:have + chunk], keep=1)            # warm-up
+        start = self.model.forward_seconds
+        self.model.forward(context[have + chunk:have + 2 * chunk], keep=1)
+        prefill = (self.model.forward_seconds - start) / chunk
+        start = self.model.forward_seconds
+        self.model.forward(context[have + 2 * chunk:have + 2 * chunk + 1], keep=1)
+        return prefill, self.model.forward_seconds - start
+
     def propose(self, context: list[int], k: int,
                 sample: DraftSampler) -> tuple[list[int], torch.Tensor | None]:
         """Draw x_1..x_k from the draft.
