@@ -117,7 +117,8 @@ def test_analyze_hardware_projects_the_measured_alpha_and_writes_plan_json(tmp_p
 
     data = json.loads(ANALYSIS.read_text())
     data.update(target="qwen2.5-1.5b", draft="qwen2.5-0.5b")
-    fake = types.SimpleNamespace(target=None, draft=None, encode=None)
+    fake = types.SimpleNamespace(target=types.SimpleNamespace(eos_token_ids=(), vocab_size=151936),
+                                 draft=None, encode=None, tokenizer=None)
     monkeypatch.setattr(cli_analyze, "build_decoder", lambda *a, **k: (fake, "llamacpp"))
     monkeypatch.setattr(an, "run_analysis", lambda *a, **k: json.loads(json.dumps(data)))
     prompts = tmp_path / "p.txt"
