@@ -4,21 +4,86 @@ Install with `pip install verispec[llamacpp]`. A forward over n tokens is one
 `llama_decode` call on a batch whose last `keep` positions request logits;
 rollback is `llama_memory_seq_rm(seq 0, from position n to the end)`.
 
-Numerics: llama.cpp's matrix kernels may group a batch of k+1 tokens
-differently from k+1 single-token calls, so logits can differ in the last bits
-between a verification forward and a plain decoding step. verispec's guarantee
-is with respect to the target as evaluated in its verification forwards; see
-docs/exactness.md.
+Numerics: by default llama.cpp scores a batch of k+1 tokens with other CPU
+kernels than a single token (repacked or AMX weights, the tiled K-quant matmul,
+llamafile's sgemm), so a verification forward's logits differ from plain
+decoding's by up to ~0.5 and greedy speculative output can leave plain greedy
+output at a near-tie. The batch-invariant mode (`batch_invariant`, on by default
+when the installed llama.cpp allows it) turns those kernels off, so that every
+row of a forward is computed exactly as a single-token forward would compute
+it: verification logits are bit-identical to plain decoding's. See
+docs/exactness.md ("Batch-invariant llama.cpp").
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import warnings
 
 import numpy as np
 import torch
 
 from .base import CausalLM
+
+#: how to get a llama.cpp without llamafile's sgemm (needed for the batch-invariant mode)
+REBUILD_HINT = ('CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" pip install --force-reinstall --no-deps '
+                '--no-cache-dir llama-cpp-python==0.3.36  (`make setup` does this)')
+_TILED_ENV = "GGML_CPU_TILED_MM"
+_params_lock = threading.Lock()
+_warned_unsupported = False
+
+
+def batch_invariance_blocker() -> str | None:
+    """Why this process cannot run llama.cpp batch-invariantly, or None if it can.
+
+    Two things make it impossible: a llama.cpp compiled with llamafile's sgemm
+    (it scores the attention products of batches of >= 2 tokens with other
+    kernels than a single token, and no runtime setting turns it off), and a
+    `GGML_CPU_TILED_MM` environment variable that asks for the tiled K-quant
+    matmul (used for >= 8 rows).
+
+    Returns:
+        a sentence naming the cause and the fix, or None.
+    """
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    if "LLAMAFILE = 1" in info:
+        return ("the installed llama-cpp-python was compiled with llamafile's sgemm (LLAMAFILE = 1), "
+                "which scores batches with other kernels than single tokens; rebuild it with "
+                + REBUILD_HINT)
+    if os.environ.get(_TILED_ENV, "0") != "0":
+        return (f"{_TILED_ENV}={os.environ[_TILED_ENV]} asks for the tiled K-quant matmul, which "
+                f"scores batches of >= 8 tokens with other kernels; unset it or set {_TILED_ENV}=0")
+    return None
+
+
+@contextlib.contextmanager
+def _model_params(**overrides):
+    """Make `llama_cpp.Llama` load its model with these llama_model_params fields.
+
+    `Llama.__init__` builds its llama_model_params from
+    `llama_cpp.llama_model_default_params()` and exposes no argument for
+    `use_extra_bufts`, so the defaults are patched for the duration of the call.
+    """
+    import llama_cpp.llama_cpp as lib
+
+    with _params_lock:
+        default = lib.llama_model_default_params
+
+        def patched():
+            params = default()
+            for field, value in overrides.items():
+                setattr(params, field, value)
+            return params
+
+        lib.llama_model_default_params = patched
+        try:
+            yield
+        finally:
+            lib.llama_model_default_params = default
 
 
 class LlamaCppModel(CausalLM):
@@ -29,16 +94,19 @@ class LlamaCppModel(CausalLM):
         tokenizer: a Hugging Face tokenizer for the same vocabulary (chat
             template, decoding), or None.
         name: label for statistics.
+        batch_invariant: whether `llama` was loaded in the batch-invariant mode
+            (see `load`); recorded, not enforced.
     """
 
     backend = "llamacpp"
 
-    def __init__(self, llama, tokenizer=None, name: str = "gguf") -> None:
+    def __init__(self, llama, tokenizer=None, name: str = "gguf", batch_invariant: bool = False) -> None:
         super().__init__()
         import llama_cpp
 
         self._lib = llama_cpp
         self.llama = llama
+        self.batch_invariant = batch_invariant
         self.tokenizer = tokenizer
         self.name = name
         self.vocab_size = int(llama.n_vocab())
@@ -57,7 +125,8 @@ class LlamaCppModel(CausalLM):
 
     @classmethod
     def load(cls, gguf_path: str, *, tokenizer_path: str | None = None, name: str | None = None,
-             n_ctx: int = 8192, n_threads: int | None = None) -> "LlamaCppModel":
+             n_ctx: int = 8192, n_threads: int | None = None,
+             batch_invariant: bool | None = None) -> "LlamaCppModel":
         """Open a GGUF file.
 
         Args:
@@ -65,25 +134,89 @@ class LlamaCppModel(CausalLM):
             tokenizer_path: directory or hub id of a matching HF tokenizer (None: no tokenizer).
             n_ctx: context length in tokens.
             n_threads: CPU threads (default: all cores).
+            batch_invariant: score every row of a forward exactly as a
+                single-token forward would (verification logits bit-identical to
+                plain decoding's). It loads the weights without llama.cpp's
+                extra buffer types (no repacked or AMX weights), sets
+                GGML_CPU_TILED_MM=0 for this process and keeps flash attention
+                off; it needs a llama.cpp built without llamafile's sgemm.
+                None (default): on when this llama.cpp allows it, else off with
+                a warning; True: required; False: llama.cpp's default kernels.
+                Plain decoding speed is unchanged on this project's CPU
+                (benchmarks/llamacpp-batch-invariant/).
 
         Raises:
             ImportError: with the install command when llama-cpp-python is missing.
             ValueError: if the file cannot be loaded.
+            RuntimeError: if batch_invariant=True and this llama.cpp cannot do it
+                (the message names the cause and the rebuild command), or if a
+                probe forward after loading is not batch-invariant.
         """
         try:
             from llama_cpp import Llama
         except ImportError as e:  # pragma: no cover - depends on the extra
             raise ImportError("the llamacpp backend needs llama-cpp-python: "
                               "pip install 'verispec[llamacpp]'") from e
+        global _warned_unsupported
+        if batch_invariant is not False:
+            if os.environ.get(_TILED_ENV) is None:
+                os.environ[_TILED_ENV] = "0"   # read once per process, at the first K-quant matmul
+            blocker = batch_invariance_blocker()
+            if blocker is not None:
+                if batch_invariant:
+                    raise RuntimeError(f"batch_invariant=True is impossible here: {blocker}")
+                if not _warned_unsupported:
+                    warnings.warn(f"llama.cpp runs without the batch-invariant mode, so greedy "
+                                  f"speculative output may leave plain greedy output at near-ties: "
+                                  f"{blocker}", RuntimeWarning, stacklevel=2)
+                    _warned_unsupported = True
+                batch_invariant = False
+            else:
+                batch_invariant = True
         threads = n_threads or os.cpu_count() or 1
-        llama = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                      n_threads_batch=threads, logits_all=False, verbose=False)
+        params = {"use_extra_bufts": False} if batch_invariant else {}
+        with _model_params(**params):
+            llama = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                          n_threads_batch=threads, logits_all=False, verbose=False, flash_attn=False)
         tokenizer = None
         if tokenizer_path is not None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        return cls(llama, tokenizer, name=name or os.path.basename(str(gguf_path)))
+        model = cls(llama, tokenizer, name=name or os.path.basename(str(gguf_path)),
+                    batch_invariant=batch_invariant)
+        if batch_invariant:
+            model._probe_batch_invariance()
+        return model
+
+    def _probe_batch_invariance(self, rows: int = 8) -> None:
+        """Check that a `rows`-token forward equals `rows` single-token forwards bit for bit.
+
+        Eight rows reach every batch-size-dependent path of llama.cpp's CPU
+        backend (gemv/gemm at 4 rows, tiled K-quant matmul at 8, sgemm at 2),
+        so a kernel left on by the environment (for instance a
+        GGML_CPU_TILED_MM read before this process set it) is caught here,
+        before any output. Costs rows + 3 forwards; leaves the cache empty.
+
+        Raises:
+            RuntimeError: naming the largest logit difference and the fix.
+        """
+        ids = [(7 + 31 * i) % self.vocab_size for i in range(rows + 1)]
+        self.reset()
+        self.forward(ids[:1])
+        single = torch.cat([self.forward([t]) for t in ids[1:]])
+        self.reset()
+        self.forward(ids[:1])
+        batch = self.forward(ids[1:])
+        self.reset()
+        self.forward_seconds, self.forwards = 0.0, 0
+        if not torch.equal(single, batch):
+            gap = float((single - batch).abs().max())
+            raise RuntimeError(
+                f"{self.name}: llama.cpp is not batch-invariant in this process (a {rows}-token "
+                f"forward differs from {rows} single-token forwards by up to {gap:.3g} in the "
+                f"logits). Set {_TILED_ENV}=0 in the environment before starting Python (it is "
+                f"read once per process), or load with batch_invariant=False.")
 
     def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:
         out = []
