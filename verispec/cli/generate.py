@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import (BACKEND, DRAFT, DRAFTER, TARGET, build_decoder, err, fail,
+from .common import (BACKEND, BATCH_INVARIANT, DRAFT, DRAFTER, TARGET, build_decoder, err, fail,
                      parse_k, sampling_or_fail, stats_table)
 
 
@@ -30,6 +30,7 @@ def generate(
     drafter: str = DRAFTER,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of text + table"),
     compare: bool = typer.Option(False, "--compare", help="also run plain decoding and report the speedup"),
+    batch_invariant: Optional[bool] = BATCH_INVARIANT,
 ) -> None:
     """Generate text exactly as the target would, faster."""
     k_value = parse_k(k)
@@ -40,7 +41,7 @@ def generate(
     sampling_or_fail(temperature, top_k, top_p)
     if stop and any(not s for s in stop):
         fail("--stop needs a non-empty string")
-    decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers)
+    decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers, batch_invariant)
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, stop_strings=stop, use_chat_template=False if no_chat_template else None)
     try:
