@@ -3,8 +3,8 @@
 By default llama.cpp's CPU backend scores a batch of k+1 tokens with other kernels
 than one token (AMX / repacked weights, the tiled K-quant matmul, llamafile's
 sgemm), and logits differ by up to ~0.9 (docs/exactness.md). In the
-batch-invariant mode every row of a forward must equal a single-token forward
-exactly, so speculative decoding on llama.cpp is token-for-token plain decoding
+batch-invariant mode every row of a forward that returns several rows must equal
+a single-token forward exactly, so speculative decoding on llama.cpp is token-for-token plain decoding
 and a model used as its own draft is never rejected. All on SmolLM2-135M (GGUF).
 """
 
@@ -111,8 +111,9 @@ def test_batch_invariant_refused_where_impossible(monkeypatch):
     with pytest.raises(RuntimeError, match="GGML_LLAMAFILE=OFF"):
         llamacpp.LlamaCppModel.load("no-such-file.gguf", batch_invariant=True)
     monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: b"CPU : AVX2 = 1 |")
-    monkeypatch.setenv("GGML_CPU_TILED_MM", "1")
-    assert "GGML_CPU_TILED_MM" in llamacpp.batch_invariance_blocker()
+    assert llamacpp.batch_invariance_blocker() is None
+    monkeypatch.setenv("GGML_CPU_TILED_MM_FORCE", "1")
+    assert "GGML_CPU_TILED_MM_FORCE" in llamacpp.batch_invariance_blocker()
 
 
 def test_batch_invariant_is_a_llamacpp_option():

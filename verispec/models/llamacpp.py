@@ -9,10 +9,10 @@ kernels than a single token (repacked or AMX weights, the tiled K-quant matmul,
 llamafile's sgemm), so a verification forward's logits differ from plain
 decoding's by up to ~0.5 and greedy speculative output can leave plain greedy
 output at a near-tie. The batch-invariant mode (`batch_invariant`, on by default
-when the installed llama.cpp allows it) turns those kernels off, so that every
-row of a forward is computed exactly as a single-token forward would compute
-it: verification logits are bit-identical to plain decoding's. See
-docs/exactness.md ("Batch-invariant llama.cpp").
+when the installed llama.cpp allows it) avoids those kernels for every forward
+that returns more than one row, so that each row is computed exactly as a
+single-token forward would compute it: verification logits are bit-identical to
+plain decoding's. See docs/exactness.md ("The batch-invariant mode").
 """
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ from .base import CausalLM
 #: how to get a llama.cpp without llamafile's sgemm (needed for the batch-invariant mode)
 REBUILD_HINT = ('CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" pip install --force-reinstall --no-deps '
                 '--no-cache-dir llama-cpp-python==0.3.36  (`make setup` does this)')
-_TILED_ENV = "GGML_CPU_TILED_MM"
+_TILED_FORCE_ENV = "GGML_CPU_TILED_MM_FORCE"
+#: llama.cpp's tiled K-quant matmul takes over from 8 rows (`ggml_tiled_min_batch`); in the
+#: batch-invariant mode a forward that returns several rows is scored in pieces of at most this
+#: many tokens, so it never reaches that kernel, while a prefill (one row returned) keeps it
+INVARIANT_ROWS = 7
 _params_lock = threading.Lock()
 _warned_unsupported = False
 
@@ -40,9 +44,9 @@ def batch_invariance_blocker() -> str | None:
 
     Two things make it impossible: a llama.cpp compiled with llamafile's sgemm
     (it scores the attention products of batches of >= 2 tokens with other
-    kernels than a single token, and no runtime setting turns it off), and a
-    `GGML_CPU_TILED_MM` environment variable that asks for the tiled K-quant
-    matmul (used for >= 8 rows).
+    kernels than a single token, and no runtime setting turns it off), and
+    GGML_CPU_TILED_MM_FORCE=1, which sends batches of any size to the tiled
+    K-quant matmul.
 
     Returns:
         a sentence naming the cause and the fix, or None.
@@ -54,9 +58,9 @@ def batch_invariance_blocker() -> str | None:
         return ("the installed llama-cpp-python was compiled with llamafile's sgemm (LLAMAFILE = 1), "
                 "which scores batches with other kernels than single tokens; rebuild it with "
                 + REBUILD_HINT)
-    if os.environ.get(_TILED_ENV, "0") != "0":
-        return (f"{_TILED_ENV}={os.environ[_TILED_ENV]} asks for the tiled K-quant matmul, which "
-                f"scores batches of >= 8 tokens with other kernels; unset it or set {_TILED_ENV}=0")
+    if os.environ.get(_TILED_FORCE_ENV, "0") == "1":
+        return (f"{_TILED_FORCE_ENV}=1 sends every batch to the tiled K-quant matmul, which scores "
+                f"a batch with other kernels than a single token; unset it")
     return None
 
 
@@ -134,16 +138,19 @@ class LlamaCppModel(CausalLM):
             tokenizer_path: directory or hub id of a matching HF tokenizer (None: no tokenizer).
             n_ctx: context length in tokens.
             n_threads: CPU threads (default: all cores).
-            batch_invariant: score every row of a forward exactly as a
-                single-token forward would (verification logits bit-identical to
-                plain decoding's). It loads the weights without llama.cpp's
-                extra buffer types (no repacked or AMX weights), sets
-                GGML_CPU_TILED_MM=0 for this process and keeps flash attention
-                off; it needs a llama.cpp built without llamafile's sgemm.
-                None (default): on when this llama.cpp allows it, else off with
-                a warning; True: required; False: llama.cpp's default kernels.
-                Plain decoding speed is unchanged on this project's CPU
-                (benchmarks/llamacpp-batch-invariant/).
+            batch_invariant: score every row of a forward that returns
+                several rows (a verification forward) exactly as a single-token
+                forward would: logits bit-identical to plain decoding's. It loads
+                the weights without llama.cpp's extra buffer types (no repacked
+                or AMX weights), keeps flash attention off and scores such
+                forwards in pieces of at most `INVARIANT_ROWS` tokens (below the
+                tiled K-quant matmul); a prefill (`keep=1`) still runs whole with
+                the fast kernels, for plain and speculative decoding alike. It
+                needs a llama.cpp built without llamafile's sgemm. None
+                (default): on when this llama.cpp allows it, else off with a
+                warning; True: required; False: llama.cpp's default kernels.
+                Plain decoding and prefill speed are unchanged on this project's
+                CPU (benchmarks/llamacpp-batch-invariant/).
 
         Raises:
             ImportError: with the install command when llama-cpp-python is missing.
@@ -159,8 +166,6 @@ class LlamaCppModel(CausalLM):
                               "pip install 'verispec[llamacpp]'") from e
         global _warned_unsupported
         if batch_invariant is not False:
-            if os.environ.get(_TILED_ENV) is None:
-                os.environ[_TILED_ENV] = "0"   # read once per process, at the first K-quant matmul
             blocker = batch_invariance_blocker()
             if blocker is not None:
                 if batch_invariant:
@@ -189,14 +194,14 @@ class LlamaCppModel(CausalLM):
             model._probe_batch_invariance()
         return model
 
-    def _probe_batch_invariance(self, rows: int = 8) -> None:
+    def _probe_batch_invariance(self, rows: int = INVARIANT_ROWS + 1) -> None:
         """Check that a `rows`-token forward equals `rows` single-token forwards bit for bit.
 
-        Eight rows reach every batch-size-dependent path of llama.cpp's CPU
-        backend (gemv/gemm at 4 rows, tiled K-quant matmul at 8, sgemm at 2),
-        so a kernel left on by the environment (for instance a
-        GGML_CPU_TILED_MM read before this process set it) is caught here,
-        before any output. Costs rows + 3 forwards; leaves the cache empty.
+        Eight rows (scored as 7 + 1) reach every batch-size-dependent path of
+        llama.cpp's CPU backend below the tiled matmul (sgemm from 2 rows,
+        repack gemm from 4) and the piecewise scoring itself, so a kernel left
+        on by this build or environment is caught here, before any output.
+        Costs rows + 3 forwards; leaves the cache empty.
 
         Raises:
             RuntimeError: naming the largest logit difference and the fix.
@@ -213,16 +218,19 @@ class LlamaCppModel(CausalLM):
         if not torch.equal(single, batch):
             gap = float((single - batch).abs().max())
             raise RuntimeError(
-                f"{self.name}: llama.cpp is not batch-invariant in this process (a {rows}-token "
-                f"forward differs from {rows} single-token forwards by up to {gap:.3g} in the "
-                f"logits). Set {_TILED_ENV}=0 in the environment before starting Python (it is "
-                f"read once per process), or load with batch_invariant=False.")
+                f"{self.name}: llama.cpp is not batch-invariant here (a {rows}-token forward "
+                f"differs from {rows} single-token forwards by up to {gap:.3g} in the logits); "
+                f"load with batch_invariant=False (--no-batch-invariant), and report the "
+                f"llama.cpp build: {self._lib.llama_print_system_info().decode(errors='replace')}")
 
     def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:
         out = []
         n_past = len(self.tokens)
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
+        step = self.n_batch
+        if self.batch_invariant and keep > 1:
+            step = min(step, INVARIANT_ROWS)
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start:start + step]
             first_kept = len(tokens) - keep - start   # index in chunk of the first row to keep
             b = self._batch.batch
             b.n_tokens = len(chunk)
