@@ -72,9 +72,9 @@ CONFIGS = [  # (label, library key, use_extra_bufts, GGML_CPU_TILED_MM, flash_at
     ("use_extra_bufts=False", "stock", False, "1", False),
     ("use_extra_bufts=False, GGML_CPU_TILED_MM=0", "stock", False, "0", False),
     ("use_extra_bufts=False, GGML_CPU_TILED_MM=0, flash_attn=True", "stock", False, "0", True),
-    ("GGML_LLAMAFILE=OFF build, use_extra_bufts=False", "nollamafile", False, "1", False),
-    ("GGML_LLAMAFILE=OFF build, use_extra_bufts=False, GGML_CPU_TILED_MM=0 (batch-invariant mode)",
-     "nollamafile", False, "0", False),
+    ("GGML_LLAMAFILE=OFF build, use_extra_bufts=False (the batch-invariant mode's kernels; it scores "
+     "verification forwards in pieces of <= 7 tokens)", "nollamafile", False, "1", False),
+    ("GGML_LLAMAFILE=OFF build, use_extra_bufts=False, GGML_CPU_TILED_MM=0", "nollamafile", False, "0", False),
     ("GGML_LLAMAFILE=OFF, AMX compiled out (repack weights), GGML_CPU_TILED_MM=0", "noamx", True, "0", False),
 ]
 

@@ -99,7 +99,12 @@ class LlamaCppModel(CausalLM):
             template, decoding), or None.
         name: label for statistics.
         batch_invariant: whether `llama` was loaded in the batch-invariant mode
-            (see `load`); recorded, not enforced.
+            (see `load`); forwards that return several rows are then scored in
+            pieces of at most `INVARIANT_ROWS` tokens. A forward with keep=1
+            over 8 or more tokens (a prefill) still runs whole and is not
+            batch-invariant: callers use it only for tokens that plain decoding
+            prefills the same way (the prompt), never for catching up on
+            tokens that plain decoding scores one at a time.
     """
 
     backend = "llamacpp"
@@ -227,7 +232,7 @@ class LlamaCppModel(CausalLM):
         out = []
         n_past = len(self.tokens)
         step = self.n_batch
-        if self.batch_invariant and keep > 1:
+        if self.batch_invariant and keep > 1:   # a verification forward: stay below the tiled matmul
             step = min(step, INVARIANT_ROWS)
         for start in range(0, len(tokens), step):
             chunk = tokens[start:start + step]
