@@ -28,7 +28,8 @@ class TokenizerMismatchError(ValueError):
 
 
 def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: str | None = None,
-               num_hidden_layers: int | None = None, fetch_missing: bool = True) -> CausalLM:
+               num_hidden_layers: int | None = None, fetch_missing: bool = True,
+               batch_invariant: bool | None = None) -> CausalLM:
     """Load a model from a registered name, a local directory, a .gguf file or a hub id.
 
     Args:
@@ -38,14 +39,21 @@ def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: s
         device: "cpu" or "cuda" (transformers only); default: CUDA when available.
         num_hidden_layers: keep only the first N layers (a cheap self-draft; transformers only).
         fetch_missing: download a registered model that is not in the cache yet.
+        batch_invariant: llama.cpp only: score a batch of tokens exactly as single
+            tokens (see `LlamaCppModel.load`); None = on when the installed
+            llama.cpp allows it.
 
     Raises:
         UnknownModelError, FileNotFoundError, ChecksumError: from `verispec.registry`.
-        ValueError: for an unknown backend.
+        ValueError: for an unknown backend, or batch_invariant=True with the transformers backend.
         ImportError: when the backend's package is not installed.
+        RuntimeError: batch_invariant=True with a llama.cpp that cannot do it.
     """
     if isinstance(spec, CausalLM):
         return spec
+    if batch_invariant and backend != "llamacpp":
+        raise ValueError("batch_invariant is a llama.cpp option (backend='llamacpp'); the "
+                         "transformers backend has no such mode")
     from . import registry
 
     check_backend(backend)
@@ -60,7 +68,8 @@ def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: s
     if num_hidden_layers is not None:
         raise ValueError("num_hidden_layers (--draft-layers) is only supported by the transformers backend")
     tokenizer_path = resolved.hf_path if resolved.kind != "gguf_file" or resolved.hf_path else None
-    return cls.load(str(resolved.gguf_path), tokenizer_path=tokenizer_path, name=resolved.name)
+    return cls.load(str(resolved.gguf_path), tokenizer_path=tokenizer_path, name=resolved.name,
+                    batch_invariant=batch_invariant)
 
 
 def check_compatible(target: CausalLM, draft: CausalLM) -> None:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .common import BACKEND, DRAFT, TARGET, build_decoder, default_backend, err, fail, sampling_or_fail
+from .common import BACKEND, BATCH_INVARIANT, DRAFT, TARGET, build_decoder, default_backend, err, fail, sampling_or_fail
 
 from ..bench.methods import METHODS, default_methods, method_names, quick_methods  # noqa: E402 - help texts
 from ..prompts import DEFAULT_CATEGORIES, MT_BENCH_CATEGORIES
@@ -47,6 +47,7 @@ def bench(
                                          "speedup.png in DIR from its results.jsonl (no models)"),
     table_only: bool = typer.Option(False, "--table-only", help="like --report, for the --out directory"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+    batch_invariant: Optional[bool] = BATCH_INVARIANT,
 ) -> None:
     """Benchmark verispec against plain decoding on Spec-Bench (first turns), Spec-Bench-style tables."""
     import datetime
@@ -107,7 +108,7 @@ def bench(
               "--force to start over, or another --out")
     err.print(f"bench: {len(questions)} prompts x {len(method_list)} methods ({', '.join(method_list)}), "
               f"{max_new_tokens} new tokens, backend {backend} -> {out_dir}")
-    decoder, backend = build_decoder(target, draft or "none", backend, "auto")
+    decoder, backend = build_decoder(target, draft or "none", backend, "auto", batch_invariant=batch_invariant)
     command = "verispec " + shlex.join(sys.argv[1:])
     meta = {"command": command, "dataset": str(dataset_path), "per_category": per_category,
             "categories": category_list, "quick": quick}

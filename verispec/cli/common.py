@@ -118,8 +118,15 @@ SUFFIX_CACHE_SIZE = typer.Option(0, "--suffix-cache-size", min=0,
                                  "(whole outputs, least recently used evicted; ~1 KB each); 0 = off")
 
 
+BATCH_INVARIANT = typer.Option(None, "--batch-invariant/--no-batch-invariant",
+                               help="llama.cpp: score a verification batch exactly as single tokens, so greedy "
+                               "speculative output is plain greedy output token for token (default: on when the "
+                               "installed llama.cpp allows it; docs/exactness.md)")
+
+
 def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional[str], drafter: str,
-                  draft_layers: Optional[int] = None, suffix_cache_size: int = 0):
+                  draft_layers: Optional[int] = None, suffix_cache_size: int = 0,
+                  batch_invariant: Optional[bool] = None):
     """Load target and draft for the CLI, turning library errors into clear messages."""
     from .. import registry
     from ..api import SpeculativeDecoder, load_model
@@ -132,6 +139,8 @@ def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional
     backend = backend or default_backend()
     if backend not in ("transformers", "llamacpp"):
         fail(f"--backend must be transformers or llamacpp, got {backend!r}")
+    if batch_invariant and backend != "llamacpp":
+        fail("--batch-invariant is a llama.cpp option; use it with --backend llamacpp")
     if draft is None and target in (None, registry.DEFAULT_TARGET) and drafter in ("auto", "model"):
         draft = registry.DEFAULT_DRAFT
     target = target or registry.DEFAULT_TARGET
@@ -139,16 +148,18 @@ def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional
         draft = None
     try:
         with err.status(f"loading target {target} ({backend})"):
-            target_model = load_model(target, backend=backend)
+            target_model = load_model(target, backend=backend, batch_invariant=batch_invariant)
         draft_model = None
         if draft is not None and drafter in ("auto", "model"):
             with err.status(f"loading draft {draft} ({backend})"):
                 if draft == "self":   # the target's first layers as its own draft
                     if draft_layers is None:
                         fail("--draft self needs --draft-layers N")
-                    draft_model = load_model(target, backend=backend, num_hidden_layers=draft_layers)
+                    draft_model = load_model(target, backend=backend, num_hidden_layers=draft_layers,
+                                             batch_invariant=batch_invariant)
                 else:
-                    draft_model = load_model(draft, backend=backend, num_hidden_layers=draft_layers)
+                    draft_model = load_model(draft, backend=backend, num_hidden_layers=draft_layers,
+                                             batch_invariant=batch_invariant)
         return SpeculativeDecoder(target_model, draft_model, drafter=drafter,
                                   suffix_cache_size=suffix_cache_size), backend
     except typer.Exit:

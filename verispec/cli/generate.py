@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import (BACKEND, BAD_WORD, DRAFT, DRAFTER, FREQUENCY_PENALTY, LOGIT_BIAS, MIN_NEW_TOKENS,
+from .common import (BACKEND, BAD_WORD, BATCH_INVARIANT, DRAFT, DRAFTER, FREQUENCY_PENALTY, LOGIT_BIAS, MIN_NEW_TOKENS,
                      MIN_P, PRESENCE_PENALTY, REPETITION_PENALTY, SUFFIX_CACHE_SIZE, TARGET, bad_words_ids,
                      build_decoder, controls_from_options, err, fail, parse_k, sampling_or_fail,
                      stats_table)
@@ -43,6 +43,7 @@ def generate(
     suffix_cache_size: int = SUFFIX_CACHE_SIZE,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of text + table"),
     compare: bool = typer.Option(False, "--compare", help="also run plain decoding and report the speedup"),
+    batch_invariant: Optional[bool] = BATCH_INVARIANT,
 ) -> None:
     """Generate text exactly as the target would, faster."""
     k_value = parse_k(k)
@@ -59,7 +60,8 @@ def generate(
         fail(f"--rule must be auto, standard or gumbel, got {rule!r}")
     if stop and any(not s for s in stop):
         fail("--stop needs a non-empty string")
-    decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers, suffix_cache_size)
+    decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers, suffix_cache_size,
+                                     batch_invariant)
     controls["bad_words_ids"] = bad_words_ids(decoder.tokenizer, bad_word)
     warm = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                 use_chat_template=False if no_chat_template else None)

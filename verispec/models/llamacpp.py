@@ -4,21 +4,90 @@ Install with `pip install verispec[llamacpp]`. A forward over n tokens is one
 `llama_decode` call on a batch whose last `keep` positions request logits;
 rollback is `llama_memory_seq_rm(seq 0, from position n to the end)`.
 
-Numerics: llama.cpp's matrix kernels may group a batch of k+1 tokens
-differently from k+1 single-token calls, so logits can differ in the last bits
-between a verification forward and a plain decoding step. verispec's guarantee
-is with respect to the target as evaluated in its verification forwards; see
-docs/exactness.md.
+Numerics: by default llama.cpp scores a batch of k+1 tokens with other CPU
+kernels than a single token (repacked or AMX weights, the tiled K-quant matmul,
+llamafile's sgemm), so a verification forward's logits differ from plain
+decoding's by up to ~0.5 and greedy speculative output can leave plain greedy
+output at a near-tie. The batch-invariant mode (`batch_invariant`, on by default
+when the installed llama.cpp allows it) avoids those kernels for every forward
+that returns more than one row, so that each row is computed exactly as a
+single-token forward would compute it: verification logits are bit-identical to
+plain decoding's. See docs/exactness.md ("The batch-invariant mode").
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import warnings
 
 import numpy as np
 import torch
 
 from .base import CausalLM, eos_token_ids
+
+#: how to get a llama.cpp without llamafile's sgemm (needed for the batch-invariant mode)
+REBUILD_HINT = ('CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" pip install --force-reinstall --no-deps '
+                '--no-cache-dir llama-cpp-python==0.3.36  (`make setup` does this)')
+_TILED_FORCE_ENV = "GGML_CPU_TILED_MM_FORCE"
+#: llama.cpp's tiled K-quant matmul takes over from 8 rows (`ggml_tiled_min_batch`); in the
+#: batch-invariant mode a forward that returns several rows is scored in pieces of at most this
+#: many tokens, so it never reaches that kernel, while a prefill (one row returned) keeps it
+INVARIANT_ROWS = 7
+_params_lock = threading.Lock()
+_warned_unsupported = False
+
+
+def batch_invariance_blocker() -> str | None:
+    """Why this process cannot run llama.cpp batch-invariantly, or None if it can.
+
+    Two things make it impossible: a llama.cpp compiled with llamafile's sgemm
+    (it scores the attention products of batches of >= 2 tokens with other
+    kernels than a single token, and no runtime setting turns it off), and
+    GGML_CPU_TILED_MM_FORCE=1, which sends batches of any size to the tiled
+    K-quant matmul.
+
+    Returns:
+        a sentence naming the cause and the fix, or None.
+    """
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    if "LLAMAFILE = 1" in info:
+        return ("the installed llama-cpp-python was compiled with llamafile's sgemm (LLAMAFILE = 1), "
+                "which scores batches with other kernels than single tokens; rebuild it with "
+                + REBUILD_HINT)
+    if os.environ.get(_TILED_FORCE_ENV, "0") == "1":
+        return (f"{_TILED_FORCE_ENV}=1 sends every batch to the tiled K-quant matmul, which scores "
+                f"a batch with other kernels than a single token; unset it")
+    return None
+
+
+@contextlib.contextmanager
+def _model_params(**overrides):
+    """Make `llama_cpp.Llama` load its model with these llama_model_params fields.
+
+    `Llama.__init__` builds its llama_model_params from
+    `llama_cpp.llama_model_default_params()` and exposes no argument for
+    `use_extra_bufts`, so the defaults are patched for the duration of the call.
+    """
+    import llama_cpp.llama_cpp as lib
+
+    with _params_lock:
+        default = lib.llama_model_default_params
+
+        def patched():
+            params = default()
+            for field, value in overrides.items():
+                setattr(params, field, value)
+            return params
+
+        lib.llama_model_default_params = patched
+        try:
+            yield
+        finally:
+            lib.llama_model_default_params = default
 
 
 class LlamaCppModel(CausalLM):
@@ -29,16 +98,24 @@ class LlamaCppModel(CausalLM):
         tokenizer: a Hugging Face tokenizer for the same vocabulary (chat
             template, decoding), or None.
         name: label for statistics.
+        batch_invariant: whether `llama` was loaded in the batch-invariant mode
+            (see `load`); forwards that return several rows are then scored in
+            pieces of at most `INVARIANT_ROWS` tokens. A forward with keep=1
+            over 8 or more tokens (a prefill) still runs whole and is not
+            batch-invariant: callers use it only for tokens that plain decoding
+            prefills the same way (the prompt), never for catching up on
+            tokens that plain decoding scores one at a time.
     """
 
     backend = "llamacpp"
 
-    def __init__(self, llama, tokenizer=None, name: str = "gguf") -> None:
+    def __init__(self, llama, tokenizer=None, name: str = "gguf", batch_invariant: bool = False) -> None:
         super().__init__()
         import llama_cpp
 
         self._lib = llama_cpp
         self.llama = llama
+        self.batch_invariant = batch_invariant
         self.tokenizer = tokenizer
         self.name = name
         self.vocab_size = int(llama.n_vocab())
@@ -55,7 +132,8 @@ class LlamaCppModel(CausalLM):
 
     @classmethod
     def load(cls, gguf_path: str, *, tokenizer_path: str | None = None, name: str | None = None,
-             n_ctx: int = 8192, n_threads: int | None = None) -> "LlamaCppModel":
+             n_ctx: int = 8192, n_threads: int | None = None,
+             batch_invariant: bool | None = None) -> "LlamaCppModel":
         """Open a GGUF file.
 
         Args:
@@ -63,31 +141,99 @@ class LlamaCppModel(CausalLM):
             tokenizer_path: directory or hub id of a matching HF tokenizer (None: no tokenizer).
             n_ctx: context length in tokens.
             n_threads: CPU threads (default: all cores).
+            batch_invariant: score every row of a forward that returns
+                several rows (a verification forward) exactly as a single-token
+                forward would: logits bit-identical to plain decoding's. It loads
+                the weights without llama.cpp's extra buffer types (no repacked
+                or AMX weights), keeps flash attention off and scores such
+                forwards in pieces of at most `INVARIANT_ROWS` tokens (below the
+                tiled K-quant matmul); a prefill (`keep=1`) still runs whole with
+                the fast kernels, for plain and speculative decoding alike. It
+                needs a llama.cpp built without llamafile's sgemm. None
+                (default): on when this llama.cpp allows it, else off with a
+                warning; True: required; False: llama.cpp's default kernels.
+                Plain decoding and prefill speed are unchanged on this project's
+                CPU (benchmarks/llamacpp-batch-invariant/).
 
         Raises:
             ImportError: with the install command when llama-cpp-python is missing.
             ValueError: if the file cannot be loaded.
+            RuntimeError: if batch_invariant=True and this llama.cpp cannot do it
+                (the message names the cause and the rebuild command), or if a
+                probe forward after loading is not batch-invariant.
         """
         try:
             from llama_cpp import Llama
         except ImportError as e:  # pragma: no cover - depends on the extra
             raise ImportError("the llamacpp backend needs llama-cpp-python: "
                               "pip install 'verispec[llamacpp]'") from e
+        global _warned_unsupported
+        if batch_invariant is not False:
+            blocker = batch_invariance_blocker()
+            if blocker is not None:
+                if batch_invariant:
+                    raise RuntimeError(f"batch_invariant=True is impossible here: {blocker}")
+                if not _warned_unsupported:
+                    warnings.warn(f"llama.cpp runs without the batch-invariant mode, so greedy "
+                                  f"speculative output may leave plain greedy output at near-ties: "
+                                  f"{blocker}", RuntimeWarning, stacklevel=2)
+                    _warned_unsupported = True
+                batch_invariant = False
+            else:
+                batch_invariant = True
         threads = n_threads or os.cpu_count() or 1
-        llama = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                      n_threads_batch=threads, logits_all=False, verbose=False)
+        params = {"use_extra_bufts": False} if batch_invariant else {}
+        with _model_params(**params):
+            llama = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                          n_threads_batch=threads, logits_all=False, verbose=False, flash_attn=False)
         tokenizer = None
         if tokenizer_path is not None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        return cls(llama, tokenizer, name=name or os.path.basename(str(gguf_path)))
+        model = cls(llama, tokenizer, name=name or os.path.basename(str(gguf_path)),
+                    batch_invariant=batch_invariant)
+        if batch_invariant:
+            model._probe_batch_invariance()
+        return model
+
+    def _probe_batch_invariance(self, rows: int = INVARIANT_ROWS + 1) -> None:
+        """Check that a `rows`-token forward equals `rows` single-token forwards bit for bit.
+
+        Eight rows (scored as 7 + 1) reach every batch-size-dependent path of
+        llama.cpp's CPU backend below the tiled matmul (sgemm from 2 rows,
+        repack gemm from 4) and the piecewise scoring itself, so a kernel left
+        on by this build or environment is caught here, before any output.
+        Costs rows + 3 forwards; leaves the cache empty.
+
+        Raises:
+            RuntimeError: naming the largest logit difference and the fix.
+        """
+        ids = [(7 + 31 * i) % self.vocab_size for i in range(rows + 1)]
+        self.reset()
+        self.forward(ids[:1])
+        single = torch.cat([self.forward([t]) for t in ids[1:]])
+        self.reset()
+        self.forward(ids[:1])
+        batch = self.forward(ids[1:])
+        self.reset()
+        self.forward_seconds, self.forwards = 0.0, 0
+        if not torch.equal(single, batch):
+            gap = float((single - batch).abs().max())
+            raise RuntimeError(
+                f"{self.name}: llama.cpp is not batch-invariant here (a {rows}-token forward "
+                f"differs from {rows} single-token forwards by up to {gap:.3g} in the logits); "
+                f"load with batch_invariant=False (--no-batch-invariant), and report the "
+                f"llama.cpp build: {self._lib.llama_print_system_info().decode(errors='replace')}")
 
     def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:
         out = []
         n_past = len(self.tokens)
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
+        step = self.n_batch
+        if self.batch_invariant and keep > 1:   # a verification forward: stay below the tiled matmul
+            step = min(step, INVARIANT_ROWS)
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start:start + step]
             first_kept = len(tokens) - keep - start   # index in chunk of the first row to keep
             b = self._batch.batch
             b.n_tokens = len(chunk)
