@@ -70,7 +70,7 @@ def test_self_speculation_greedy_accepts_every_draft(smol_self_pair):
         assert spec.token_ids == plain.token_ids
         assert spec.stats.drafted > 20
         assert spec.stats.accepted == spec.stats.drafted   # acceptance exactly 1.0
-        assert spec.stats.acceptance_rate == 1.0
+        assert spec.stats.draft_acceptance_rate == 1.0
 
 
 def test_self_speculation_sampled_has_exact_alpha_one(smol_self_pair):
