@@ -136,7 +136,8 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.tokenizer = self.target.tokenizer
         self.drafters = build_drafters(drafter, self.draft)
-        self._auto_policy = None   # kept across calls: the cost curve is the machine's, not the prompt's
+        self._drafters_by_choice = {drafter: self.drafters}   # per-call `drafter` choices
+        self._auto_policies: dict = {}   # per choice, kept across calls: the cost curve is the machine's
 
     def encode(self, prompt: str | Sequence[int], use_chat_template: bool | None = None) -> list[int]:
         """Prompt text (or ids) -> token ids, applying the chat template by default.
@@ -186,7 +187,7 @@ class SpeculativeDecoder:
                  repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
                  bad_words_ids: Sequence[Sequence[int]] | None = None,
-                 min_new_tokens: int = 0) -> GenerationResult:
+                 min_new_tokens: int = 0, drafter: str | None = None) -> GenerationResult:
         """Generate a continuation, exactly distributed as the target's own sampling.
 
         Args:
@@ -213,13 +214,17 @@ class SpeculativeDecoder:
                 (`verispec.controls`; `SamplingConfig` gives the ranges).
                 min_new_tokens must not exceed max_new_tokens; stop strings are not
                 matched before it.
+            drafter: this call's drafter choice, as the constructor's `drafter`
+                ("auto", "model", "lookup", "none"); None = the decoder's own. Each
+                choice keeps its own drafters and (for k="auto") its own adaptive
+                policy across calls; the models and their caches are shared.
 
         Returns:
             GenerationResult(text, token_ids, prompt_ids, stats).
 
         Raises:
             ValueError: naming the bad argument (empty prompt, negative budget, bad k,
-                temperature, top_k, top_p, prompt longer than the context).
+                temperature, top_k, top_p, drafter, prompt longer than the context).
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
@@ -240,16 +245,20 @@ class SpeculativeDecoder:
         if len(ids) >= self.target.context_length:
             raise ValueError(f"prompt has {len(ids)} tokens but the target's context length is "
                              f"{self.target.context_length}; shorten the prompt")
+        choice = self.drafter if drafter is None else drafter
+        if choice not in self._drafters_by_choice:
+            self._drafters_by_choice[choice] = build_drafters(choice, self.draft)
+        drafters = self._drafters_by_choice[choice]
         if k == "auto":
-            if self._auto_policy is None:
-                self._auto_policy = make_policy("auto", self.drafters)
-            policy = self._auto_policy
+            if choice not in self._auto_policies:
+                self._auto_policies[choice] = make_policy("auto", drafters)
+            policy = self._auto_policies[choice]
             policy.start()
-            if not policy.calibrated and self.drafters and max_new_tokens > 1:
+            if not policy.calibrated and drafters and max_new_tokens > 1:
                 policy.calibrate(self.target, ids)   # once per decoder: this machine's cost curve
         else:
-            policy = make_policy(k, self.drafters)
-        the_rule = resolve_rule(rule, k, self.drafters)
+            policy = make_policy(k, drafters)
+        the_rule = resolve_rule(rule, k, drafters)
         stream = _TextStream(self.tokenizer, on_text) if on_text and self.tokenizer else None
         result: DecodeResult = decode(
             self.target, ids, policy, sampling=sampling, max_new_tokens=max_new_tokens,
