@@ -13,6 +13,7 @@ from .audit import audit
 from .bench import bench
 from .generate import generate
 from .models import models_fetch, models_list
+from .serve import serve
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Exact (lossless) speculative decoding, and the maths to know when it pays.")
@@ -25,6 +26,7 @@ models_app.command("fetch")(models_fetch)
 app.command()(analyze)
 app.command()(bench)
 app.command()(audit)
+app.command()(serve)
 
 
 def main() -> None:  # pragma: no cover
