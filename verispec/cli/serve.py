@@ -8,6 +8,7 @@ Ctrl-C (SIGINT) or SIGTERM: no new connections, in-flight requests get
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 from typing import Optional
@@ -83,7 +84,14 @@ def serve(
 
     err.print(f"verispec serve: listening on {url} (loading the models; /health answers 503 until ready)")
     threading.Thread(target=load, name="verispec-load", daemon=True).start()
-    server.run(sockets=[sock])
+    # uvicorn handles SIGINT/SIGTERM while it runs (graceful shutdown), then raises the
+    # signal again for the handlers it found; those are no-ops here, so a stop exits 0
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if failure:
         raise typer.Exit(failure[0])
     err.print("verispec serve: stopped")
