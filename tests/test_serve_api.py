@@ -4,10 +4,9 @@
 import httpx
 import pytest
 import torch
+from test_serve_toys import V, sse_events, toy_decoder, toy_logits
 
 from verispec.serve import BackgroundServer, create_app
-
-from test_serve_toys import V, sse_events, toy_decoder, toy_logits
 
 PROMPT = [3, 1, 4, 1, 5]
 
@@ -118,6 +117,7 @@ def test_an_unseeded_sample_reports_the_seed_that_replays_it(toy):
 
 def test_eos_finishes_with_stop_and_the_budget_with_length():
     from test_serve_toys import CountingModel
+
     from verispec.api import SpeculativeDecoder
 
     def count_up(prefix):                  # next token = last + 1; V - 1 is EOS
@@ -181,7 +181,7 @@ def test_a_server_with_another_acceptance_rule_uses_it():
 
 
 def test_per_request_drafter_and_k(toy):
-    decoder, client = toy
+    _, client = toy
     plain = complete(client, max_tokens=10, k=0, return_token_ids=True)
     assert plain["metrics"]["speculative_decoding"]["num_draft_tokens"] == 0
     lookup = complete(client, max_tokens=10, k=2, drafter="lookup", return_token_ids=True)

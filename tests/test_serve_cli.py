@@ -55,7 +55,7 @@ def test_the_cli_serves_then_exits_0_on_ctrl_c_with_a_request_in_flight():
         deadline = time.monotonic() + 300
         base = None
         while base is None and time.monotonic() < deadline:
-            for line in list(stderr_lines):
+            for line in stderr_lines:
                 if "listening on http://" in line:
                     base = line.split("listening on ")[1].split()[0]
             time.sleep(0.05)

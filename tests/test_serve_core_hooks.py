@@ -4,10 +4,9 @@ transformers models with real KV caches): the round's ids and raw logits in
 
 import pytest
 import torch
+from conftest import tiny_llama
 
 from verispec.api import SpeculativeDecoder
-
-from conftest import tiny_llama
 
 PROMPT = [3, 17, 42, 5, 9]
 

@@ -6,12 +6,11 @@ import threading
 
 import httpx
 import pytest
+from test_serve_reliability import check_totals
+from test_serve_toys import metric_totals, sse_events, wait_for
 
 from verispec.api import SpeculativeDecoder, load_model
 from verispec.serve import BackgroundServer, create_app
-
-from test_serve_reliability import check_totals
-from test_serve_toys import metric_totals, sse_events, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +29,7 @@ def served():
 
 
 def test_16_clients_x_4_requests_each_get_their_answer_alone_and_metrics_add_up(served):
-    app, decoder, url = served
+    _, decoder, url = served
     jobs = [{"q": QUESTIONS[(c + r) % len(QUESTIONS)], "k": 3 if (c + r) % 3 else 2, "stream": (c * 4 + r) % 2 == 0}
             for c in range(16) for r in range(4)]
     expect = {}

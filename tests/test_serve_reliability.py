@@ -9,10 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from test_serve_toys import CONTEXT, metric_totals, sse_events, toy_decoder, wait_for
 
 from verispec.serve import BackgroundServer, create_app
-
-from test_serve_toys import CONTEXT, metric_totals, sse_events, toy_decoder, wait_for
 
 NAN = float("nan")
 
@@ -104,7 +103,7 @@ def test_bad_input_is_a_400_naming_the_field_then_a_good_request_succeeds(server
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 3
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"", "\"text\"".encode()])
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"", b"\"text\""])
 def test_a_body_that_is_not_a_json_object_is_a_400(server, raw):
     _, _, client = server
     r = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
@@ -219,7 +218,7 @@ def check_totals(before: dict, after: dict, results: list[dict]) -> None:
 
 
 def test_concurrent_clients_get_their_own_answers_and_metrics_add_up(server):
-    app, decoder, client = server
+    _, decoder, client = server
     jobs = [{"prompt": [1 + i % 7, 2 + i % 5, i % 3], "max_tokens": 6 + i % 5, "stream": i % 2 == 1,
              "k": [3, "auto", 1][i % 3]} for i in range(12)]
     for job in jobs:    # each answer alone, in process, before the load

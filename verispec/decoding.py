@@ -239,7 +239,7 @@ def score(target: CausalLM, seq: list[int], x: list[int], sampling: SamplingConf
         RuntimeError: if the target returns another number of rows than scored
             (a backend whose cache is out of step with its `tokens`).
     """
-    logits, p, seconds = _verification_forward(target, seq, x, sampling, width, n_prompt)
+    _, p, seconds = _verification_forward(target, seq, x, sampling, width, n_prompt)
     return p, seconds
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from typing import Optional
 
 import typer
 
@@ -19,22 +18,22 @@ from .common import BACKEND, DRAFT, DRAFTER, TARGET, build_decoder, err, fail, p
 
 
 def serve(
-    target: Optional[str] = TARGET,
-    draft: Optional[str] = DRAFT,
-    draft_layers: Optional[int] = typer.Option(None, "--draft-layers", min=1,
-                                               help="keep only the draft's first N layers ('--draft self' uses the target's)"),
-    backend: Optional[str] = BACKEND,
+    target: str | None = TARGET,
+    draft: str | None = DRAFT,
+    draft_layers: int | None = typer.Option(None, "--draft-layers", min=1,
+                                            help="keep only the draft's first N layers ('--draft self' uses the target's)"),
+    backend: str | None = BACKEND,
     drafter: str = DRAFTER,
     k: str = typer.Option("auto", "--k", help="default draft length (requests may set 'k'), or 'auto'"),
     rule: str = typer.Option("auto", "--rule", help="acceptance rule: auto, standard or gumbel"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port (0: any free port)"),
-    served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
-                                                    help="the name clients pass as 'model' (default: the target's)"),
+    served_model_name: str | None = typer.Option(None, "--served-model-name",
+                                                 help="the name clients pass as 'model' (default: the target's)"),
     max_queue: int = typer.Option(32, "--max-queue", min=0,
                                   help="requests that may wait while one decodes; more get 429 + Retry-After"),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="VERISPEC_API_KEY",
-                                          help="require 'Authorization: Bearer KEY' on /v1 routes"),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="VERISPEC_API_KEY",
+                                       help="require 'Authorization: Bearer KEY' on /v1 routes"),
     no_prefix_reuse: bool = typer.Option(False, "--no-prefix-reuse",
                                          help="prefill every prompt from scratch (default: reuse the KV cache "
                                               "of the prefix shared with the previous request)"),
@@ -71,7 +70,7 @@ def serve(
             failure.append(e.exit_code or 2)
             server.should_exit = True
             return
-        except Exception as e:            # anything else loading raised: say it, stop serving
+        except Exception as e:  # noqa: BLE001 - anything else loading raised: say it, stop serving
             err.print(f"[bold red]error:[/] loading failed: {type(e).__name__}: {e}")
             failure.append(1)
             server.should_exit = True

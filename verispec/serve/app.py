@@ -26,11 +26,12 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine import Engine, Job, Outcome, QueueFull
 from .errors import ApiError, bad_request
-from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from .metrics import ServerMetrics
 from .progress import Chunk
 from .responses import DONE, Renderer, sse
 from .schema import ServerDefaults, _messages, parse

@@ -155,7 +155,7 @@ class RequestProgress:
         spec_tokens = k_setting if isinstance(k_setting, int) else k_max
         width = max(spec_tokens, k_max)
         dense = [0] * (width + 1)
-        for k, counts in self.histogram.items():
+        for counts in self.histogram.values():
             for j, c in enumerate(counts):
                 dense[j] += c
         return {
@@ -235,4 +235,4 @@ class RequestProgress:
 
 
 def _finite(x: float) -> float:
-    return x if x > LOGPROB_FLOOR else LOGPROB_FLOOR
+    return max(LOGPROB_FLOOR, x)

@@ -121,7 +121,7 @@ class Renderer:
         """Events before any text: the chat role chunk (with prompt ids when asked for)."""
         if not self.chat and not self.req.return_token_ids:
             return []
-        body = self._chunk("" if self.chat else "", role=self.chat, token_ids=[])
+        body = self._chunk("", role=self.chat, token_ids=[])
         if self.req.return_token_ids:
             body["prompt_token_ids"] = self.req.prompt_ids
         return [sse(body)]

@@ -195,7 +195,7 @@ def _messages(value: Any) -> list[dict]:
             raise bad_request(where, f"{where} must be an object with role and content")
         extra = set(m) - {"role", "content", "name"}
         if extra:
-            name = sorted(extra)[0]
+            name = min(extra)
             raise bad_request(f"{where}.{name}", f"{where}.{name} is not supported (tool calls and "
                                                  "audio are not implemented)", code="unsupported_parameter")
         role = m.get("role")

@@ -59,7 +59,7 @@ class Prompter:
             try:
                 ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                          tokenize=True)
-            except Exception as e:   # jinja's TemplateError and friends: the template refused
+            except Exception as e:  # noqa: BLE001 - jinja's TemplateError and friends: the template refused
                 raise bad_request(param, f"the chat template refused these messages: {e}") from None
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         return [int(i) for i in ids]
