@@ -167,7 +167,8 @@ class SpeculativeDecoder:
         self.tokenizer = self.target.tokenizer
         self.suffix_cache = SuffixCache(suffix_cache_size) if suffix_cache_size else None
         self.drafters = build_drafters(drafter, self.draft, suffix_cache=self.suffix_cache)
-        self._auto_policy = None   # kept across calls: the cost curve is the machine's, not the prompt's
+        self._drafters_by_choice = {drafter: self.drafters}   # per-call `drafter` choices
+        self._auto_policies: dict = {}   # per choice, kept across calls: the cost curve is the machine's
 
     def encode(self, prompt: str | Sequence[int], use_chat_template: bool | None = None) -> list[int]:
         """Prompt text (or ids) -> token ids, applying the chat template by default.
@@ -217,7 +218,7 @@ class SpeculativeDecoder:
                  repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
                  bad_words_ids: Sequence[Sequence[int]] | None = None,
-                 min_new_tokens: int = 0) -> GenerationResult:
+                 min_new_tokens: int = 0, drafter: str | None = None) -> GenerationResult:
         """Generate a continuation, exactly distributed as the target's own sampling.
 
         Args:
@@ -247,14 +248,18 @@ class SpeculativeDecoder:
                 (`verispec.controls`; `SamplingConfig` gives the ranges).
                 min_new_tokens must not exceed max_new_tokens; stop strings are not
                 matched before it.
+            drafter: this call's drafter choice, as the constructor's `drafter`
+                ("auto", "model", "lookup", "none"); None = the decoder's own. Each
+                choice keeps its own drafters and (for k="auto") its own adaptive
+                policy across calls; the models and their caches are shared.
 
         Returns:
             GenerationResult(text, token_ids, prompt_ids, stats).
 
         Raises:
             ValueError: naming the bad argument (empty prompt, negative budget, bad k,
-                temperature, top_k, top_p, stop_strings, prompt longer than the context;
-                stop_strings for a target without a tokenizer).
+                temperature, top_k, top_p, drafter, stop_strings, prompt longer than the
+                context; stop_strings for a target without a tokenizer).
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
@@ -276,16 +281,21 @@ class SpeculativeDecoder:
         if len(ids) >= self.target.context_length:
             raise ValueError(f"prompt has {len(ids)} tokens but the target's context length is "
                              f"{self.target.context_length}; shorten the prompt")
+        choice = self.drafter if drafter is None else drafter
+        if choice not in self._drafters_by_choice:
+            self._drafters_by_choice[choice] = build_drafters(choice, self.draft,
+                                                             suffix_cache=self.suffix_cache)
+        drafters = self._drafters_by_choice[choice]
         if k == "auto":
-            if self._auto_policy is None:
-                self._auto_policy = make_policy("auto", self.drafters)
-            policy = self._auto_policy
+            if choice not in self._auto_policies:
+                self._auto_policies[choice] = make_policy("auto", drafters)
+            policy = self._auto_policies[choice]
             policy.start(max_new_tokens)
-            if not policy.calibrated and self.drafters and max_new_tokens > 1:
+            if not policy.calibrated and drafters and max_new_tokens > 1:
                 policy.calibrate(self.target, ids)   # once per decoder: this machine's cost curve
         else:
-            policy = make_policy(k, self.drafters)
-        the_rule = resolve_rule(rule, k, self.drafters)
+            policy = make_policy(k, drafters)
+        the_rule = resolve_rule(rule, k, drafters)
         stream = (TextStream(self.tokenizer, stops, min_tokens=min_new_tokens)
                   if self.tokenizer is not None else None)
         committed: list[int] = []

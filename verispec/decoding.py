@@ -46,6 +46,10 @@ class RoundRecord:
             context it had missed (the prompt, tokens of plain rounds).
         width: tokens in the verification forward: k + 1, or more when the policy
             asked for a wider, cheaper batch (`verify_width`).
+        tokens: the ids committed this round (len == committed), in order.
+        logits: [k+1, V] float32, the target's raw logits of this round's verification
+            forward (before warps and controls); row i scores the i-th committed token
+            (a server's logprobs). A view of the forward's output: no copy is made.
     """
 
     drafter: str
@@ -59,6 +63,8 @@ class RoundRecord:
     draft_seconds: float
     catchup_seconds: float = 0.0
     width: int = 0
+    tokens: list[int] = field(default_factory=list)
+    logits: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not self.width:
@@ -233,6 +239,13 @@ def score(target: CausalLM, seq: list[int], x: list[int], sampling: SamplingConf
         RuntimeError: if the target returns another number of rows than scored
             (a backend whose cache is out of step with its `tokens`).
     """
+    _, p, seconds = _verification_forward(target, seq, x, sampling, width, n_prompt)
+    return p, seconds
+
+
+def _verification_forward(target: CausalLM, seq: list[int], x: list[int], sampling: SamplingConfig,
+                          width: int | None, n_prompt: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """`score`, also returning the raw logits rows 0..k ([k+1, V]) the warped p came from."""
     k = len(x)
     width = max(k + 1, width or 0)
     before = target.forward_seconds
@@ -240,8 +253,9 @@ def score(target: CausalLM, seq: list[int], x: list[int], sampling: SamplingConf
     if logits.shape[0] != width:
         raise RuntimeError(f"{target.name}: verification returned {logits.shape[0]} rows for "
                            f"{width} positions; its cache is out of step")
-    p = warp(logits[:k + 1], sampling, seq, n_prompt, x)
-    return p, target.forward_seconds - before
+    logits = logits[:k + 1]
+    p = warp(logits, sampling, seq, n_prompt, x)
+    return logits, p, target.forward_seconds - before
 
 
 def decode(
@@ -271,7 +285,11 @@ def decode(
         stop: called with the new tokens after each committed token; True ends
             generation right after that token (stop strings).
         on_commit: called with each round's committed tokens (streaming).
-        observer: called with every `RoundRecord` (audit, analysis).
+        observer: called with every `RoundRecord` (audit, analysis), after the round's
+            tokens are committed and the caches rolled back, before `on_commit`. An
+            exception it raises ends the generation there and propagates (a server's
+            cancellation): the target's cache then holds the committed sequence but
+            its last token, the drafters are rolled back to it, and nothing else runs.
 
     Returns:
         DecodeResult with the new tokens (EOS included when it ended
@@ -312,7 +330,7 @@ def decode(
             x, q, cost = propose(drafter, seq, k, sample)
         k = len(x)
         width = min(max(k + 1, policy.verify_width(k + 1)), room) if k else 1
-        p, t_target = score(target, seq, x, sampling, width, len(prompt))
+        logits, p, t_target = _verification_forward(target, seq, x, sampling, width, len(prompt))
         if not k:
             q = p.new_zeros(0, vocab)
         q = q.to(p.dtype)
@@ -340,7 +358,8 @@ def decode(
             drafter=drafter.name if k else "none", k=k, accepted=n, committed=committed,
             alphas=alpha(p[:k], q), px=p[:k].gather(-1, xt[:, None]).squeeze(-1),
             qx=q.gather(-1, xt[:, None]).squeeze(-1), target_seconds=t_target,
-            draft_seconds=cost["seconds"], catchup_seconds=cost["catchup_seconds"], width=width)
+            draft_seconds=cost["seconds"], catchup_seconds=cost["catchup_seconds"], width=width,
+            tokens=out[len(out) - committed:], logits=logits)
         stats.draft_forwards += cost["forwards"]
         stats.draft_seconds += cost["seconds"] + cost["catchup_seconds"]
         stats.record(record)

@@ -14,6 +14,7 @@ from .bench import bench
 from .generate import generate
 from .models import models_fetch, models_list
 from .plan import plan
+from .serve import serve
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Exact (lossless) speculative decoding, and the maths to know when it pays.")
@@ -27,6 +28,7 @@ app.command()(analyze)
 app.command()(bench)
 app.command()(audit)
 app.command()(plan)
+app.command()(serve)
 
 
 def main() -> None:  # pragma: no cover

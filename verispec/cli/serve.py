@@ -1,0 +1,104 @@
+"""`verispec serve`: the OpenAI-compatible server (see `verispec.serve`).
+
+The socket is bound first (a port in use fails at once), the HTTP server starts and
+answers `/health` with 503 while the models load in a thread, then the URL is printed.
+Ctrl-C (SIGINT) or SIGTERM: no new connections, in-flight requests get
+`--graceful-seconds` to finish and are then cancelled, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+import typer
+
+from ..drafters import SERVE_CACHE_TOKENS
+from .common import BACKEND, BATCH_INVARIANT, DRAFT, DRAFTER, TARGET, build_decoder, err, fail, parse_k
+
+
+def serve(
+    target: str | None = TARGET,
+    draft: str | None = DRAFT,
+    draft_layers: int | None = typer.Option(None, "--draft-layers", min=1,
+                                            help="keep only the draft's first N layers ('--draft self' uses the target's)"),
+    backend: str | None = BACKEND,
+    drafter: str = DRAFTER,
+    k: str = typer.Option("auto", "--k", help="default draft length (requests may set 'k'), or 'auto'"),
+    rule: str = typer.Option("auto", "--rule", help="acceptance rule: auto, standard or gumbel"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="port (0: any free port)"),
+    served_model_name: str | None = typer.Option(None, "--served-model-name",
+                                                 help="the name clients pass as 'model' (default: the target's)"),
+    max_queue: int = typer.Option(32, "--max-queue", min=0,
+                                  help="requests that may wait while one decodes; more get 429 + Retry-After"),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="VERISPEC_API_KEY",
+                                       help="require 'Authorization: Bearer KEY' on /v1 routes"),
+    no_prefix_reuse: bool = typer.Option(False, "--no-prefix-reuse",
+                                         help="prefill every prompt from scratch (default: reuse the KV cache "
+                                              "of the prefix shared with the previous request)"),
+    suffix_cache_size: int = typer.Option(SERVE_CACHE_TOKENS, "--suffix-cache-size", min=0,
+                                          help="tokens of earlier responses the suffix drafter may draft "
+                                               "from (cross-request suffix decoding; 0 = off)"),
+    batch_invariant: bool | None = BATCH_INVARIANT,
+    graceful_seconds: float = typer.Option(10.0, "--graceful-seconds", min=0.0,
+                                           help="at shutdown, seconds in-flight requests get before they are cancelled"),
+    log_level: str = typer.Option("warning", "--log-level", help="uvicorn's log level"),
+) -> None:
+    """Serve the target (with speculative decoding) over an OpenAI-compatible HTTP API."""
+    from ..serve import bind, create_app, make_server, url_of
+
+    k_value = parse_k(k)
+    if rule not in ("auto", "standard", "gumbel"):
+        fail(f"--rule must be auto, standard or gumbel, got {rule!r}")
+    if api_key is not None and not api_key.strip():
+        fail("--api-key is empty")
+    try:
+        sock = bind(host, port)
+    except OSError as e:
+        fail(f"{e} (--host/--port)")
+    url = url_of(sock)
+    app = create_app(None, model_name=served_model_name, k=k_value, rule=rule, api_key=api_key,
+                     max_queue=max_queue, prefix_reuse=not no_prefix_reuse)
+    server = make_server(app, log_level=log_level, graceful_seconds=graceful_seconds)
+    failure: list[int] = []
+
+    def load() -> None:
+        try:
+            decoder, used_backend = build_decoder(target, draft, backend, drafter, draft_layers,
+                                                  suffix_cache_size=suffix_cache_size,
+                                                  batch_invariant=batch_invariant)
+            if k_value == "auto":    # time this machine's cost curve once, before the first request
+                with err.status("warming up (k=auto times the target's cost curve)"):
+                    prompt = [0, 1] if decoder.tokenizer is None else "Hello"
+                    decoder.generate(prompt, max_new_tokens=2, k="auto", use_chat_template=False)
+        except typer.Exit as e:
+            failure.append(e.exit_code or 2)
+            server.should_exit = True
+            return
+        except Exception as e:  # noqa: BLE001 - anything else loading raised: say it, stop serving
+            err.print(f"[bold red]error:[/] loading failed: {type(e).__name__}: {e}")
+            failure.append(1)
+            server.should_exit = True
+            return
+        app.state.verispec.attach(decoder)
+        name = served_model_name or decoder.target.name
+        err.print(f"verispec serve: [bold]{url}/v1[/] (model {name!r}, backend {used_backend}, "
+                  f"draft {decoder.draft.name if decoder.draft else None}, k {k_value}); Ctrl-C stops")
+        print(f"{url}/v1", flush=True)
+
+    err.print(f"verispec serve: listening on {url} (loading the models; /health answers 503 until ready)")
+    threading.Thread(target=load, name="verispec-load", daemon=True).start()
+    # uvicorn handles SIGINT/SIGTERM while it runs (graceful shutdown), then raises the
+    # signal again for the handlers it found; those are no-ops here, so a stop exits 0
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failure:
+        raise typer.Exit(failure[0])
+    err.print("verispec serve: stopped")
+    sys.stdout.flush()

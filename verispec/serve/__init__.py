@@ -1,0 +1,24 @@
+"""`verispec serve`: an OpenAI-compatible HTTP server over exact speculative decoding.
+
+One idea per room:
+
+| module | job |
+|---|---|
+| `app` | `create_app`: the FastAPI routes, API key, SSE streaming, error handlers |
+| `schema` | request bodies -> a validated `GenerationRequest`, or a 400 naming the field |
+| `tokens` | prompts -> token ids (chat template, text, ids) and back, on the HTTP side |
+| `engine` | the bounded FIFO queue and the decode worker (batch size 1, prefix reuse, cancellation) |
+| `progress` | one request round by round: stream chunks, logprobs, acceptance counters |
+| `responses` | OpenAI response bodies and stream chunks |
+| `metrics` | Prometheus metrics (`verispec:` names mirroring vLLM's) |
+| `errors` | the OpenAI error object |
+| `server` | uvicorn in the foreground or a background thread (`BackgroundServer`) |
+"""
+
+from .app import ServeState, create_app
+from .engine import Engine, Job, Outcome, QueueFull
+from .errors import ApiError
+from .server import BackgroundServer, bind, make_server, url_of
+
+__all__ = ["ApiError", "BackgroundServer", "Engine", "Job", "Outcome", "QueueFull", "ServeState",
+           "bind", "create_app", "make_server", "url_of"]
