@@ -16,7 +16,9 @@ from conftest import tiny_llama
 from test_bench_run import CharTokenizer
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-COMMITTED = sorted(p.parent for p in BENCHMARKS.rglob(B.RESULTS))
+# `verispec bench` runs: results.jsonl with its summary.json (other benchmark scripts, e.g. the
+# server's and the identity check's, write rows of their own shape)
+COMMITTED = sorted(p.parent for p in BENCHMARKS.rglob(B.RESULTS) if (p.parent / "summary.json").exists())
 SPECULATIVE = BENCHMARKS / "llamacpp" / "llama-speculative"   # its table is written by its own script
 
 
