@@ -178,8 +178,11 @@ def start_run(out_dir: str | os.PathLike, settings: dict, methods: list[str], *,
         (out / RESULTS).unlink(missing_ok=True)
     new_meta = collect_meta(**settings, **(meta or {}))
     new_meta["methods"] = list(dict.fromkeys((old_meta or {}).get("methods", []) + methods))
-    new_meta["method_descriptions"] = {m: METHODS[m].description if m in METHODS else
-                                       (old_meta or {}).get("method_descriptions", {}).get(m, "")
+    # a resumed run keeps the descriptions its rows were made under (a method's meaning may have
+    # changed since, e.g. verispec-auto's drafters); only methods new to it get today's
+    described = (old_meta or {}).get("method_descriptions", {})
+    new_meta["method_descriptions"] = {m: described[m] if m in described else
+                                       METHODS[m].description if m in METHODS else ""
                                        for m in new_meta["methods"]}
     new_meta["prompts"] = "first turn only"
     if old_meta:
