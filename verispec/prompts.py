@@ -22,7 +22,8 @@ Selection, `load_prompts(path, categories, per_category)`:
   with both in `Prompt.groups`.
 
 A category listed in `CATEGORY_FILES` is read from its own JSON-lines file (a prompt set
-committed in the repository, e.g. a ``code-edit`` set) instead of the Spec-Bench file;
+shipped with the package: ``code-edit``, copy-heavy code editing, `benchmarks/data/README.md`)
+instead of the Spec-Bench file;
 its rows have the same three fields and their ids must not collide with the main
 file's. A plain text file (one prompt a line) is one category, ``prompts``.
 """
@@ -49,7 +50,7 @@ MULTI_TURN = "multi-turn"
 DEFAULT_CATEGORIES = (*SPEC_BENCH_CATEGORIES, MULTI_TURN)   # Spec-Bench's six columns
 PLAIN_CATEGORY = "prompts"                                   # every line of a plain text file
 # categories whose rows live in their own JSON-lines file rather than in the Spec-Bench one
-CATEGORY_FILES: dict[str, Path] = {}
+CATEGORY_FILES: dict[str, Path] = {"code-edit": Path(__file__).parent / "data" / "code_edit.jsonl"}
 _ALIASES = {"multi_turn": MULTI_TURN, "multiturn": MULTI_TURN, "mt-bench": MULTI_TURN,
             "mt_bench": MULTI_TURN}
 

@@ -15,7 +15,7 @@ sha256 of the source, Python version, licence, instruction kind). Question ids s
 Usage (the committed file was made with CPython 3.11.7; other versions may differ in
 the sources, which --check reports):
 
-    python benchmarks/data/make_code_edit.py            # writes code_edit.jsonl next to this file
+    python benchmarks/data/make_code_edit.py            # writes verispec/data/code_edit.jsonl
     python benchmarks/data/make_code_edit.py --check    # regenerate and compare with it
 """
 
@@ -37,7 +37,7 @@ SEED = 18            # the issue that asked for this benchmark
 FIRST_ID = 10001
 CATEGORY = "code-edit"
 LICENCE = "PSF-2.0 (Python Software Foundation License Version 2)"
-OUT = Path(__file__).with_name("code_edit.jsonl")
+OUT = Path(__file__).resolve().parents[2] / "verispec" / "data" / "code_edit.jsonl"   # package data
 
 #: module -> (how many to draw, the candidate functions: 8..60 lines of source each)
 POOL = {
