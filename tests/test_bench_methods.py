@@ -20,7 +20,7 @@ def test_check_methods():
         B.check_methods(["verispec-k4"], "transformers", False)
     assert "hf-assisted" not in B.default_methods("llamacpp")
     assert B.default_methods("transformers", has_draft=False) == [
-        "plain", "verispec-lookup", "hf-prompt-lookup"]
+        "plain", "verispec-lookup", "verispec-suffix", "hf-prompt-lookup"]
     assert B.quick_methods("transformers")[-1] == "hf-assisted"
 
 

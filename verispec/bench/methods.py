@@ -30,7 +30,7 @@ class MethodSpec:
     Attributes:
         kind: "verispec" (our decode loop) or "hf" (transformers' `generate`).
         drafter: verispec: a `drafter=` choice of `SpeculativeDecoder` ("none", "model",
-            "lookup", "auto"); HF: "plain", "assisted" or "prompt-lookup".
+            "suffix", "lookup", "auto"); HF: "plain", "assisted" or "prompt-lookup".
         k: verispec draft length (int or "auto").
         needs_draft: needs the draft model.
         backends: backends it runs on (None = any).
@@ -57,8 +57,12 @@ METHODS: dict[str, MethodSpec] = {
     "verispec-k4": MethodSpec("verispec", "model", 4, True, description="draft model, fixed k = 4"),
     "verispec-lookup": MethodSpec("verispec", "lookup", "auto",
                                   description="prompt lookup only (no draft model), adaptive k"),
+    "verispec-suffix": MethodSpec("verispec", "suffix", "auto",
+                                  description="suffix decoding over prompt + output (no draft model, no "
+                                  "cross-request cache), adaptive k"),
     "verispec-auto": MethodSpec("verispec", "auto", "auto", True,
-                                description="model + lookup + plain chosen per round, adaptive k", quick=True),
+                                description="draft model + suffix decoding + plain chosen per round, adaptive k",
+                                quick=True),
     "hf-plain": MethodSpec("hf", "plain", backends=("transformers",),
                            description="transformers generate(), no assistant (sanity check)", default=False),
     "hf-assisted": MethodSpec("hf", "assisted", needs_draft=True, backends=("transformers",),
