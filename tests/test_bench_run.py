@@ -64,12 +64,12 @@ def tiny_decoder():
 
 def test_run_bench_end_to_end_on_tiny_models(tiny_decoder, dataset, tmp_path):
     qs = load_prompts(dataset, ["qa", "coding"], per_category=1)
-    methods = ["verispec", "verispec-k4", "verispec-lookup", "verispec-suffix", "verispec-auto",
-               "hf-plain", "hf-assisted", "hf-prompt-lookup"]
+    methods = ["plain-again", "verispec", "verispec-k4", "verispec-lookup", "verispec-suffix",
+               "verispec-auto", "hf-plain", "hf-assisted", "hf-prompt-lookup"]
     rows = B.run_bench(qs, methods, target=tiny_decoder, max_new_tokens=16, out_dir=tmp_path,
                        meta={"command": "test"}, warmup=False, progress=False)
-    assert len(rows) == 2 * 9
-    assert [r["method"] for r in rows[:9]] == ["plain", *methods]    # interleaved, plain first
+    assert len(rows) == 2 * 10
+    assert [r["method"] for r in rows[:10]] == ["plain", *methods]    # interleaved, plain first
     for r in rows:
         assert r["error"] is None, r
         assert r["new_tokens"] == 16 and r["wall_seconds"] > 0 and r["finish_reason"] == "length"
@@ -84,7 +84,7 @@ def test_run_bench_end_to_end_on_tiny_models(tiny_decoder, dataset, tmp_path):
     plain = next(r for r in rows if r["method"] == "plain")
     assert plain["tau"] == 1.0 and plain["target_forwards"] == 16
     on_disk = B.load_results(tmp_path)
-    assert len(on_disk) == 2 * 9
+    assert len(on_disk) == 2 * 10
     meta = json.loads((tmp_path / B.META).read_text())
     assert meta["backend"] == "transformers" and meta["command"] == "test"
     assert meta["machine"]["cores"] and meta["versions"]["torch"]

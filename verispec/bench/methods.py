@@ -52,6 +52,8 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     "plain": MethodSpec("verispec", "none", 0, description="verispec loop, k = 0 (the baseline)",
                         quick=True),
+    "plain-again": MethodSpec("verispec", "none", 0, default=False,
+                              description="plain decoding again (A/A: the noise any ratio here sits in)"),
     "verispec": MethodSpec("verispec", "model", "auto", True, description="draft model, adaptive k",
                            quick=True),
     "verispec-k4": MethodSpec("verispec", "model", 4, True, description="draft model, fixed k = 4"),
