@@ -10,7 +10,7 @@ import typer
 from .common import BACKEND, BATCH_INVARIANT, DRAFT, TARGET, build_decoder, default_backend, err, fail, sampling_or_fail
 
 from ..bench.methods import METHODS, default_methods, method_names, quick_methods  # noqa: E402 - help texts
-from ..prompts import DEFAULT_CATEGORIES, MT_BENCH_CATEGORIES
+from ..prompts import CATEGORY_FILES, DEFAULT_CATEGORIES, MT_BENCH_CATEGORIES
 
 
 def bench(
@@ -18,7 +18,8 @@ def bench(
                                           "$VERISPEC_SPEC_BENCH, else ../shared/data/spec_bench/question.jsonl "
                                           "next to the repository)"),
     categories: Optional[str] = typer.Option(None, "--categories", help="comma-separated: "
-                                             f"{', '.join(DEFAULT_CATEGORIES)}, or a raw MT-Bench category "
+                                             f"{', '.join(DEFAULT_CATEGORIES)}, {', '.join(CATEGORY_FILES)} (shipped "
+                                             "with verispec), or a raw MT-Bench category "
                                              f"({', '.join(MT_BENCH_CATEGORIES)}) (default: the first six)"),
     per_category: Optional[int] = typer.Option(None, "--per-category", help="prompts per category, "
                                                "first N in file order, multi-turn round-robin over MT-Bench's "
