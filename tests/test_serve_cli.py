@@ -1,5 +1,5 @@
 """`verispec serve` on the command line: bad options fail before loading; the real
-process serves, answers /health 503 while loading, and exits 0 on Ctrl-C (slow)."""
+process serves, answers /health 503 while loading, and exits 0 on Ctrl-C."""
 
 import os
 import signal
@@ -41,7 +41,6 @@ def test_a_port_in_use_fails_before_loading_anything():
     assert result.exit_code == 2 and "cannot listen" in result.output
 
 
-@pytest.mark.slow
 def test_the_cli_serves_then_exits_0_on_ctrl_c_with_a_request_in_flight():
     env = {**os.environ, "COLUMNS": "300", "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen(

@@ -67,7 +67,6 @@ def test_completion_stop_string_text_ids_and_usage_agree_with_generate(smol):
     assert streamed == ref.text
 
 
-@pytest.mark.slow       # (the toy-model test of seeds runs by default)
 def test_seeded_sampling_reproduces_across_requests(smol):
     decoder, client, _ = smol
     prompt = "Once upon a time"
@@ -85,7 +84,6 @@ def test_seeded_sampling_reproduces_across_requests(smol):
     assert first == ref.token_ids
 
 
-@pytest.mark.slow       # (the toy-model test of prefix reuse runs by default)
 def test_second_chat_turn_reuses_the_cached_prefix_and_equals_a_fresh_prefill(smol):
     decoder, client, url = smol
     turn1 = [{"role": "system", "content": "Answer in one short sentence."},
