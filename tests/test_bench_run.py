@@ -10,22 +10,7 @@ from verispec.bench import run as run_module
 from verispec.prompts import load_prompts
 
 from conftest import tiny_llama
-
-ROWS = (
-    [("translation", f"Translate sentence {i}.") for i in range(3)]
-    + [("qa", f"Who wrote book {i}?") for i in range(2)]
-    + [("writing", "Write a poem."), ("writing", "Write a haiku."), ("roleplay", "Play a pirate."),
-       ("coding", "Sort a list."), ("coding", "Reverse a string.")]
-)
-
-
-@pytest.fixture
-def dataset(tmp_path):
-    path = tmp_path / "question.jsonl"
-    with path.open("w") as f:
-        for i, (cat, text) in enumerate(ROWS, start=1):
-            f.write(json.dumps({"question_id": i, "category": cat, "turns": [text]}) + "\n")
-    return path
+from test_prompts import dataset  # noqa: F401 - the Spec-Bench-shaped file fixture, shared
 
 
 class CharTokenizer:
