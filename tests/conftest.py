@@ -1,3 +1,4 @@
+import json
 import os
 
 # torch's and llama.cpp's OpenMP pools both live in the test process; on 2 cores their idle
@@ -10,6 +11,7 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from verispec.models.hf import HFModel  # noqa: E402
+from verispec.prompts import MT_BENCH_CATEGORIES  # noqa: E402
 
 
 def tiny_llama(seed: int, vocab: int = 96, layers: int = 2, hidden: int = 32,
@@ -51,3 +53,22 @@ def one_thread_for_tiny_models(request):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# a small Spec-Bench-shaped question.jsonl: Spec-Bench categories and MT-Bench ones (two turns)
+SPEC_BENCH_ROWS = (
+    [("translation", f"Translate sentence {i}.") for i in range(3)]
+    + [("qa", f"Who wrote book {i}?") for i in range(2)]
+    + [("writing", "Write a poem."), ("writing", "Write a haiku."), ("roleplay", "Play a pirate."),
+       ("coding", "Sort a list."), ("coding", "Reverse a string.")]
+)
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    path = tmp_path / "question.jsonl"
+    with path.open("w") as f:
+        for i, (cat, text) in enumerate(SPEC_BENCH_ROWS, start=1):
+            turns = [text, "And now?"] if cat in MT_BENCH_CATEGORIES else [text]
+            f.write(json.dumps({"question_id": i, "category": cat, "turns": turns}) + "\n")
+    return path

@@ -10,7 +10,6 @@ from verispec.bench import run as run_module
 from verispec.prompts import load_prompts
 
 from conftest import tiny_llama
-from test_prompts import dataset  # noqa: F401 - the Spec-Bench-shaped file fixture, shared
 
 
 class CharTokenizer:

@@ -7,23 +7,6 @@ import pytest
 from verispec import prompts as P
 from verispec.prompts import PromptError, load_prompts
 
-ROWS = (
-    [("translation", f"Translate sentence {i}.") for i in range(3)]
-    + [("qa", f"Who wrote book {i}?") for i in range(2)]
-    + [("writing", "Write a poem."), ("writing", "Write a haiku."), ("roleplay", "Play a pirate."),
-       ("coding", "Sort a list."), ("coding", "Reverse a string.")]
-)
-
-
-@pytest.fixture
-def dataset(tmp_path):
-    path = tmp_path / "question.jsonl"
-    with path.open("w") as f:
-        for i, (cat, text) in enumerate(ROWS, start=1):
-            turns = [text, "And now?"] if cat in P.MT_BENCH_CATEGORIES else [text]
-            f.write(json.dumps({"question_id": i, "category": cat, "turns": turns}) + "\n")
-    return path
-
 
 def write(tmp_path, name, text):
     path = tmp_path / name
