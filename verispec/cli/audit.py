@@ -52,7 +52,7 @@ def audit(
     draft_layers: Optional[int] = typer.Option(None, "--draft-layers", min=1,
                                                help="keep only the draft's first N layers ('--draft self')"),
     backend: Optional[str] = BACKEND,
-    drafter: str = typer.Option("model", "--drafter", help="model or lookup"),
+    drafter: str = typer.Option("model", "--drafter", help="model, suffix (suffix decoding) or lookup"),
     k: int = typer.Option(3, "--k", min=1, help="draft length"),
     n_samples: int = typer.Option(2000, "--n-samples", min=10, help="samples per implementation (N)"),
     m: int = typer.Option(3, "--m", min=1, max=8, help="new tokens per sample"),
@@ -86,6 +86,7 @@ def audit(
     from .. import audit as A
     from ..drafters.lookup import LookupDrafter
     from ..drafters.model import ModelDrafter
+    from ..drafters.suffix import SuffixDrafter
     from ..policy import FixedPolicy
     from ..verify import RULES
 
@@ -119,8 +120,8 @@ def audit(
     if temperature == 0:
         fail("--temperature must be > 0: greedy output is deterministic, compare it with generate --compare")
     wanted = _rule_names(rules, A.RULE_NAMES + ("hf-assisted",))
-    if drafter not in ("model", "lookup"):
-        fail(f"--drafter must be model or lookup for an audit, got {drafter!r}")
+    if drafter not in ("model", "suffix", "lookup"):
+        fail(f"--drafter must be model, suffix or lookup for an audit, got {drafter!r}")
     decoder, backend = build_decoder(target, draft if drafter == "model" else "none", backend, drafter,
                                      draft_layers)
     if drafter == "model" and decoder.draft is None:
@@ -137,7 +138,8 @@ def audit(
     if sampling.has_controls and "hf-assisted" in wanted:
         fail("--rules hf-assisted runs transformers' own loop, which verispec cannot give its "
              "sampling controls; drop the controls or hf-assisted")
-    the_drafter = ModelDrafter(decoder.draft) if drafter == "model" else LookupDrafter()
+    the_drafter = (ModelDrafter(decoder.draft) if drafter == "model"
+                   else SuffixDrafter() if drafter == "suffix" else LookupDrafter())
     factory = lambda: FixedPolicy(the_drafter, k)  # noqa: E731
     built = A.rule_samplers(decoder.target, factory, ids, m, sampling, rule=verispec_rule,
                             rules=[name for name in wanted if name != "hf-assisted"])
