@@ -16,6 +16,7 @@ import socket
 import httpx
 import numpy as np
 import pytest
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from test_serve_toys import CountingModel, draft_logits, toy_decoder, toy_logits
@@ -374,3 +375,19 @@ def test_unreachable_server_httpx_error_is_not_leaked():
                                       "--prompt-ids", "1"])
     assert result.exit_code == 2 and "cannot reach" in result.output
     assert not isinstance(result.exception, httpx.HTTPError)
+
+
+def test_numerics_floor_is_zero_for_exact_kernels_and_sees_width_dependent_ones():
+    from verispec.audit.numerics import numerics_floor
+
+    sampling = SamplingConfig(temperature=T)
+    exact = numerics_floor(CountingModel(toy_logits, "toy"), list(PROMPT), [11, 13, 5], sampling)
+    assert exact == [0.0, 0.0, 0.0]
+
+    class WidthDependent(CountingModel):     # a verification forward's logits drift slightly
+        def sync(self, context, keep=None):
+            out = super().sync(context, keep)
+            return out + 0.3 * torch.arange(out.shape[-1], dtype=out.dtype) / out.shape[-1] if (keep or 1) > 1 else out
+
+    drift = numerics_floor(WidthDependent(toy_logits, "toy"), list(PROMPT), [11, 13, 5], sampling)
+    assert all(0 < d < 0.2 for d in drift)
