@@ -391,3 +391,12 @@ def test_numerics_floor_is_zero_for_exact_kernels_and_sees_width_dependent_ones(
 
     drift = numerics_floor(WidthDependent(toy_logits, "toy"), list(PROMPT), [11, 13, 5], sampling)
     assert all(0 < d < 0.2 for d in drift)
+
+
+def test_a_nearly_deterministic_position_is_still_tested_exactly():
+    """< 5 expected samples off the top token: the binomial test, not 'untestable'."""
+    p = np.array([0.995, 0.005, 0.0])
+    fine = compare_exact([[0]] * 100, 1, lambda prefix: p, tolerance=0.2)
+    biased = compare_exact([[0]] * 90 + [[1]] * 10, 1, lambda prefix: p)
+    assert fine.rows[0].dof == 1 and fine.rows[0].status == "ok"
+    assert biased.verdict == "FAIL"

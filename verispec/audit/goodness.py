@@ -5,8 +5,10 @@ warped p at every prefix (`verispec.sampling.warp` of its logits). The token at
 position i is tested *conditionally on the tokens before it*: the samples are
 grouped by their prefix x_1..x_{i−1}, and in each group with enough samples the
 counts of x_i are compared with p(· | prompt, prefix) by Pearson's χ²
-(`scipy.stats.chisquare`), after pooling categories whose expected count is < 5
-into one "other" column (Cochran's rule, as `verispec.audit.homogeneity` does).
+after pooling categories whose expected count is < 5 into one "other" column
+(Cochran's rule, as `verispec.audit.homogeneity` does). A nearly deterministic
+prefix (less than 5 expected samples off its top token) gets the exact binomial
+test of "top token vs the rest" instead, entered as the χ²(1) quantile of its p-value.
 The groups are independent multinomials given their sizes, so their statistics
 and degrees of freedom add up to one test of position i. Only the prefixes the
 samples visit need a forward, so this works whatever the width of the support
@@ -102,7 +104,17 @@ def _group_test(counts: Counter, n: int, p: np.ndarray) -> tuple[float, int, int
     if outside:                      # an impossible token: no exact sampler produces it
         return float("inf"), max(1, len(cols_e) - 1), outside
     if len(cols_e) < 2:
-        return 0.0, 0, 0
+        top = int(order[0]) if len(order) else None
+        rest = [int(t) for t in order[1:]]
+        if top is None or not rest or expected[top] < 5:
+            return 0.0, 0, 0
+        # a nearly deterministic reference: too little expected mass off the top token for
+        # χ²; the exact binomial test of "top token vs the rest", as a χ²(1) quantile
+        from scipy.stats import binomtest, chi2
+
+        off = sum(counts.get(t, 0) for t in rest)
+        pv = binomtest(off, n, float(p[rest].sum())).pvalue
+        return (float(chi2.isf(pv, 1)) if pv > 0 else float("inf")), 1, 0
     e, o = np.array(cols_e), np.array(cols_o, dtype=float)
     return float(((o - e) ** 2 / e).sum()), len(cols_e) - 1, 0
 

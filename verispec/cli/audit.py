@@ -99,6 +99,9 @@ def audit(
     concurrency: int = typer.Option(4, "--concurrency", help="--endpoint: requests in flight"),
     seed_check: bool = typer.Option(True, "--seed-check/--no-seed-check",
                                     help="--endpoint: check that seeds reproduce and vary samples"),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1,
+                                          help="--endpoint --target on llama.cpp: CPU threads of the "
+                                               "local target (default: all cores)"),
 ) -> None:
     """Prove and test losslessness: exact enumeration, a statistical audit of real runs, or
     (--endpoint) an audit of a running server against the exact p or a reference server."""
@@ -113,7 +116,7 @@ def audit(
                            significance=_significance(significance, alpha_alias), tolerance=tolerance,
                            out=out, reference_endpoint=reference_endpoint, target=target,
                            backend=backend, concurrency=concurrency, seed_check=seed_check,
-                           as_json=as_json)
+                           as_json=as_json, threads=threads)
         return
     endpoint_only = {"--api-key": api_key, "--model": model, "--prompt-ids": prompt_ids, "--out": out,
                      "--reference-endpoint": reference_endpoint}

@@ -37,7 +37,8 @@ def run_endpoint_audit(*, endpoint: str, api_key: Optional[str], model: Optional
                        prompt_ids: Optional[str], n_samples: int, m: int, temperature: float,
                        top_k: int, top_p: float, significance: float, tolerance: float,
                        out: Optional[str], reference_endpoint: Optional[str], target: Optional[str],
-                       backend: Optional[str], concurrency: int, seed_check: bool, as_json: bool) -> None:
+                       backend: Optional[str], concurrency: int, seed_check: bool, as_json: bool,
+                       threads: Optional[int] = None) -> None:
     """The `--endpoint` mode of `verispec audit` (its options, already parsed)."""
     from .. import __version__
     from ..audit.endpoint import Endpoint, EndpointError, EndpointSettings, draw_samples
@@ -68,9 +69,7 @@ def run_endpoint_audit(*, endpoint: str, api_key: Optional[str], model: Optional
         backend = backend or default_backend()
         try:
             with err.status(f"loading target {target} ({backend}) for the exact reference"):
-                # llama.cpp: the ordinary kernels, as a server runs them (numerics floor)
-                target_model = load_model(target, backend=backend,
-                                          batch_invariant=False if backend == "llamacpp" else None)
+                target_model = load_model(target, backend=backend, n_threads=threads)
         except Exception as e:  # noqa: BLE001 (registry, file and backend errors alike)
             fail(f"--target {target}: {e}")
     ids_note = None
@@ -132,6 +131,10 @@ def run_endpoint_audit(*, endpoint: str, api_key: Optional[str], model: Optional
                                significance=significance, tolerance=tolerance,
                                stop_ids=sorted(target_model.eos_token_ids), floor=floor,
                                endpoint=label, reference=f"exact p of {target}")
+    if target_model is not None:
+        info["numerics_kernels"] = (f"{target} ({backend}"
+                                    + (", batch-invariant" if getattr(target_model, "batch_invariant", False)
+                                       else "") + ") on this machine")
     info.update(settings=settings.key(), id_source=ep.mode, retries=ep.retried,
                 dropped_fields=sorted(ep.dropped), seconds=round(time.perf_counter() - start, 1))
     if ids_note:
