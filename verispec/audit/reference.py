@@ -96,6 +96,18 @@ class EndpointReport:
                 r["statistic"] = "inf"
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "EndpointReport":
+        """The inverse of `to_dict` (re-render a saved --json report)."""
+        d = dict(d)
+        rows = []
+        for r in d.pop("rows"):
+            r = dict(r, tv_ci=tuple(r["tv_ci"]))
+            if r["statistic"] == "inf":
+                r["statistic"] = float("inf")
+            rows.append(Row(**r))
+        return cls(rows=rows, **d)
+
     def table(self):
         """A rich Table, one row per test, the verdict and reasons in the caption."""
         from rich.table import Table
