@@ -400,3 +400,21 @@ def test_a_nearly_deterministic_position_is_still_tested_exactly():
     biased = compare_exact([[0]] * 90 + [[1]] * 10, 1, lambda prefix: p)
     assert fine.rows[0].dof == 1 and fine.rows[0].status == "ok"
     assert biased.verdict == "FAIL"
+
+
+def test_llama_server_native_completion_gives_ids_once_its_openai_route_gives_text_only():
+    app = _fake({"choices": [{"text": "ab", "finish_reason": "length"}]})
+    native = []
+
+    @app.post("/completion")
+    async def completion(request: Request):
+        body = await request.json()
+        native.append(body)
+        return {"content": "ab", "tokens": [5, 6], "stop_type": "limit"}
+
+    with BackgroundServer(app) as url:
+        ep = Endpoint(url + "/v1", "fake")
+        first, second = ep.complete("hi", 2, 1.0, seed=1), ep.complete("hi", 2, 1.0, seed=2)
+    assert first.token_ids == second.token_ids == [5, 6] and second.source == "llama.cpp /completion"
+    assert [b["seed"] for b in native] == [1, 2] and native[0]["n_predict"] == 2 and native[0]["return_tokens"]
+    assert first.finish_reason == "length"

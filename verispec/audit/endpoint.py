@@ -252,6 +252,11 @@ class Endpoint:
             EndpointError: a 4xx the server will not take back (message included), more
                 than m tokens (the server ignores ``max_tokens``), neither ids nor text.
         """
+        if self.mode == "llama.cpp /completion":    # settled by the first sample: skip /v1
+            ids, text, finish = self._llama_native(prompt, m, temperature, top_k, top_p, seed)
+            if ids is None:
+                raise EndpointError(f"{self.root}/completion stopped returning tokens")
+            return self._checked(ids, text, "llama.cpp /completion", finish, seed, m, None)
         while True:
             body = self._body(prompt, m, temperature, top_k, top_p, seed)
             r = self._request("POST", self.v1 + "/completions", body)
@@ -286,8 +291,12 @@ class Endpoint:
                 raise EndpointError(f"{self.v1}/completions returned neither token ids nor text "
                                     f"({str(data)[:200]}); this server cannot be audited")
             ids, source = (self.tokenize(text) if text else []), "retokenised"
-        ids = [int(t) for t in ids]
         usage = (data.get("usage") or {}).get("completion_tokens")
+        return self._checked(ids, text, source, finish, seed, m, usage)
+
+    def _checked(self, ids, text, source: str, finish, seed, m: int, usage) -> Sample:
+        """The sample, after checking the server kept to max_tokens = m."""
+        ids = [int(t) for t in ids]
         n = len(ids) if source != "retokenised" else (usage if isinstance(usage, int) else len(ids))
         if n > m:
             raise EndpointError(f"asked for max_tokens={m} but the server returned {n} tokens: it "
