@@ -418,3 +418,24 @@ def test_llama_server_native_completion_gives_ids_once_its_openai_route_gives_te
     assert first.token_ids == second.token_ids == [5, 6] and second.source == "llama.cpp /completion"
     assert [b["seed"] for b in native] == [1, 2] and native[0]["n_predict"] == 2 and native[0]["return_tokens"]
     assert first.finish_reason == "length"
+
+
+def test_a_token_at_a_near_tie_with_the_top_k_cut_is_numerics_a_far_one_is_impossible():
+    """llama.cpp logits move with the forward's shape: the 11th token at a near-tie with the
+    10th can be in the server's top-10; one far below the cut cannot."""
+    logits = torch.tensor([3.0, 2.0, 1.5, 1.49, -4.0], dtype=torch.float64)
+    ref = target_next_probs(_FixedLogits(logits), [0], SamplingConfig(temperature=1.0, top_k=3))
+    p = ref(())
+    near = [[0]] * 60 + [[1]] * 25 + [[2]] * 13 + [[3]] * 2
+    far = [[0]] * 60 + [[1]] * 25 + [[2]] * 13 + [[4]] * 2
+    assert ref.near_support(()) == {3}
+    ok = compare_exact(near, 1, ref, tolerance=0.5)
+    assert ok.rows[0].status == "ok" and "near-tie" in ok.rows[0].note
+    assert compare_exact(far, 1, ref).verdict == "FAIL"
+    assert p[3] == 0 and p[4] == 0
+
+
+class _FixedLogits(CountingModel):
+    def __init__(self, logits):
+        super().__init__(lambda prefix: logits, "fixed")
+        self.vocab_size = len(logits)

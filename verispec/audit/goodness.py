@@ -65,6 +65,7 @@ class FitResult:
         groups: the tested prefixes; untested: samples in prefixes too small to test
             (or after an end of generation).
         outside: sample tokens with reference probability 0.
+        boundary: samples left out as near-ties at the support's cut-off (`near_support`).
         tv, tv_corrected, tv_ci: observed TV, bias-corrected, bootstrap interval.
     """
 
@@ -79,6 +80,7 @@ class FitResult:
     tv_corrected: float = 0.0
     tv_ci: tuple[float, float] = (0.0, 0.0)
     reject: bool = False
+    boundary: int = 0
 
     @property
     def testable(self) -> bool:
@@ -149,6 +151,7 @@ def _bootstrap(groups: list[GroupFit], reps: int, confidence: float, seed: int) 
 
 def conditional_fit(samples: Sequence[Sequence[int]], position: int, next_probs: NextProbs, *,
                     min_group: int = 10, ended: int = -1, stop_ids: Sequence[int] = (),
+                    near_support: Callable[[tuple[int, ...]], set[int]] | None = None,
                     bootstrap: int = 200, confidence: float = 0.95, seed: int = 0) -> FitResult:
     """χ² goodness of fit of the tokens at `position` (1-based) given their prefixes.
 
@@ -160,6 +163,10 @@ def conditional_fit(samples: Sequence[Sequence[int]], position: int, next_probs:
         min_group: prefixes with fewer samples are not tested (counted as untested).
         ended: the padding id for "generation had ended".
         stop_ids: ids that end generation (EOS): prefixes holding one are not tested.
+        near_support: prefix -> tokens outside the reference's support but at a near-tie
+            with its cut-off (top-k / top-p / min-p): another forward shape's rounding
+            can put them inside. Samples of such tokens are left out of the test and
+            counted in ``boundary`` (numerics, not an impossible token). None: none are.
         bootstrap, confidence, seed: the TV interval's resampling.
 
     Returns:
@@ -170,7 +177,7 @@ def conditional_fit(samples: Sequence[Sequence[int]], position: int, next_probs:
     by_prefix: defaultdict[tuple[int, ...], Counter] = defaultdict(Counter)
     for s in samples:
         by_prefix[tuple(s[:position - 1])][s[position - 1]] += 1
-    groups, untested, outside = [], 0, 0
+    groups, untested, outside, boundary = [], 0, 0, 0
     stops = set(stop_ids) | {ended}
     for prefix, counts in sorted(by_prefix.items(), key=lambda kv: -sum(kv[1].values())):
         n = sum(counts.values())
@@ -178,6 +185,11 @@ def conditional_fit(samples: Sequence[Sequence[int]], position: int, next_probs:
             untested += n
             continue
         p = np.asarray(next_probs(prefix), dtype=float)
+        if near_support is not None and any(t >= len(p) or p[t] <= 0 for t in counts):
+            near = near_support(prefix)
+            for t in [t for t in counts if t in near and (t >= len(p) or p[t] <= 0)]:
+                boundary += counts.pop(t)
+            n = sum(counts.values())
         stat, dof, out = _group_test(counts, n, p)
         if dof == 0:
             untested += n
@@ -188,7 +200,8 @@ def conditional_fit(samples: Sequence[Sequence[int]], position: int, next_probs:
     dof = sum(g.dof for g in groups)
     p_value = float(chi2.sf(stat, dof)) if dof else 1.0
     tv, tv_c, ci = _bootstrap(groups, bootstrap, confidence, seed)
-    return FitResult(f"position {position}", stat, dof, p_value, groups, untested, outside, tv, tv_c, ci)
+    return FitResult(f"position {position}", stat, dof, p_value, groups, untested, outside, tv, tv_c, ci,
+                     boundary=boundary)
 
 
 def joint_fit(positions: Sequence[FitResult]) -> FitResult:
@@ -202,4 +215,5 @@ def joint_fit(positions: Sequence[FitResult]) -> FitResult:
                      sum(r.outside for r in positions),
                      tv=sum(r.tv for r in positions),
                      tv_corrected=sum(r.tv_corrected for r in positions),
-                     tv_ci=(max(r.tv_ci[0] for r in positions), sum(r.tv_ci[1] for r in positions)))
+                     tv_ci=(max(r.tv_ci[0] for r in positions), sum(r.tv_ci[1] for r in positions)),
+                     boundary=sum(r.boundary for r in positions))

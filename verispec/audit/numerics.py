@@ -42,7 +42,7 @@ def numerics_floor(target: CausalLM, prompt: Sequence[int], path: Sequence[int],
 
     Returns:
         m floats in [0, 1]: TV at positions 1..m (position 1 compares the prompt's last
-        row computed alone with the same row as the first of an m-row forward).
+        token fed alone with the same row as the first of an m-row forward).
 
     Raises:
         ValueError: for an empty prompt or path.
@@ -52,13 +52,15 @@ def numerics_floor(target: CausalLM, prompt: Sequence[int], path: Sequence[int],
         raise ValueError("numerics_floor needs a non-empty prompt and path")
     m = len(path)
     target.reset()
+    if len(prompt) > 1:
+        target.sync(prompt[:-1], keep=1)
     single = []
-    for i in range(m):
+    for i in range(m):                  # each a 1-token forward (the rest is cached)
         single.append(target.sync(prompt + path[:i], keep=1)[-1])
     target.reset()
     if len(prompt) > 1:
         target.sync(prompt[:-1], keep=1)
-    batch = target.sync(prompt + path[:m - 1], keep=m)
+    batch = target.sync(prompt + path[:m - 1], keep=m)     # one m-token forward
     target.reset()
     one = warp(torch.stack(single).double(), sampling)
     many = warp(batch[-m:].double(), sampling)

@@ -178,26 +178,50 @@ def _fit_row(fit: FitResult, level: float, floor: float | None) -> Row:
     d2 = detectable_tv(groups, level) if groups else None
     dw = detectable_tv(groups, level, alternative="worst") if groups else None
     note = f"{fit.outside} tokens outside the reference's support" if fit.outside else ""
+    if fit.boundary:
+        note += (", " if note else "") + (f"{fit.boundary} samples at a near-tie with the support's "
+                                          f"cut-off left out (numerics)")
     if fit.untested:
         note += (", " if note else "") + f"{fit.untested} samples in untested prefixes"
     return Row(fit.name, "χ² fit | prefix", fit.statistic, fit.dof, fit.p_value, fit.n, fit.tv,
                fit.tv_corrected, fit.tv_ci, d2, dw, floor, note=note)
 
 
-def target_next_probs(target, prompt: Sequence[int], sampling) -> Callable[[tuple[int, ...]], np.ndarray]:
+#: logits (divided by the temperature) within this of the support's lowest are near-ties:
+#: llama.cpp's logits move by up to ~0.4 between forward shapes, so such a token can be
+#: inside the server's top-k and outside the reference's
+BOUNDARY_MARGIN = 0.5
+
+
+def target_next_probs(target, prompt: Sequence[int], sampling,
+                      margin: float = BOUNDARY_MARGIN) -> Callable[[tuple[int, ...]], np.ndarray]:
     """prefix -> the target's warped p of the next token ([V] float64 numpy), cached;
-    one forward per new prefix (`CausalLM.sync` keeps the common prefix cached)."""
+    one forward per new prefix (`CausalLM.sync` keeps the common prefix cached).
+
+    The callable has a ``near_support(prefix)`` attribute: the tokens outside the
+    support whose logit / T is within `margin` of the support's lowest (the near-ties
+    at a top-k / top-p / min-p cut-off, see `conditional_fit`)."""
     from ..sampling import warp
 
-    cache: dict[tuple[int, ...], np.ndarray] = {}
+    cache: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
     prompt = list(prompt)
+    t = sampling.temperature or 1.0
 
-    def next_probs(prefix: tuple[int, ...]) -> np.ndarray:
+    def entry(prefix: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         if prefix not in cache:
-            logits = target.sync(prompt + list(prefix), keep=1)[-1]
-            cache[prefix] = warp(logits.double()[None], sampling)[0].numpy()
+            logits = target.sync(prompt + list(prefix), keep=1)[-1].double()
+            cache[prefix] = (warp(logits[None], sampling)[0].numpy(), (logits / t).numpy())
         return cache[prefix]
 
+    def next_probs(prefix: tuple[int, ...]) -> np.ndarray:
+        return entry(prefix)[0]
+
+    def near_support(prefix: tuple[int, ...]) -> set[int]:
+        p, scaled = entry(prefix)
+        lowest = scaled[p > 0].min()
+        return set(np.flatnonzero((p <= 0) & (scaled >= lowest - margin)).tolist())
+
+    next_probs.near_support = near_support
     return next_probs
 
 
@@ -226,7 +250,8 @@ def compare_exact(samples: Sequence[Sequence[int]], m: int, next_probs, *, signi
     _check(m, significance, tolerance)
     a = [_normalise(s, m) for s in samples]
     per = significance / (m + 1)
-    fits = [conditional_fit(a, i, next_probs, min_group=min_group, stop_ids=stop_ids, seed=seed + i)
+    fits = [conditional_fit(a, i, next_probs, min_group=min_group, stop_ids=stop_ids, seed=seed + i,
+                            near_support=getattr(next_probs, "near_support", None))
             for i in range(1, m + 1)]
     rows = [_fit_row(f, per, floor[i] if floor is not None else None) for i, f in enumerate(fits)]
     rows.append(_fit_row(joint_fit(fits), per, sum(floor) if floor is not None else None))
