@@ -439,3 +439,25 @@ class _FixedLogits(CountingModel):
     def __init__(self, logits):
         super().__init__(lambda prefix: logits, "fixed")
         self.vocab_size = len(logits)
+
+
+def test_cli_rereads_a_complete_out_file_without_the_server(tmp_path):
+    """A finished audit can be re-read (another significance, say) after the server is gone:
+    with every sample in --out and --no-seed-check, nothing is sent (the URL is dead here)."""
+    from typer.testing import CliRunner
+
+    from verispec.cli import app
+
+    out = tmp_path / "s.jsonl"
+    with _serve() as url:
+        settings = EndpointSettings(url + "/v1", "toy", PROMPT, M, T)
+        draw_samples(Endpoint(url + "/v1", "toy"), settings, 40, out=out, progress=False)
+    args = ["audit", "--endpoint", url + "/v1", "--model", "toy", "--prompt-ids", "3,5,7", "--n-samples", "40",
+            "--m", "2", "--temperature", str(T), "--out", str(out), "--target", "smollm2-135m",
+            "--backend", "transformers", "--json"]
+    reread = CliRunner().invoke(app, args + ["--no-seed-check"])
+    assert reread.exit_code == 0, reread.output
+    report = json.loads(reread.stdout.strip().splitlines()[-1])
+    assert "not contacted" in report["info"]["reread"] and report["n_samples"] == 40
+    more = CliRunner().invoke(app, args[:-1] + ["--no-seed-check", "--n-samples", "41"])  # one missing
+    assert more.exit_code == 2 and "cannot reach" in more.output

@@ -10,6 +10,7 @@ floor (`verispec.audit.reference`), plus the cheap seed check.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from typing import Optional
@@ -87,12 +88,16 @@ def run_endpoint_audit(*, endpoint: str, api_key: Optional[str], model: Optional
     info: dict = {"command": "verispec audit --endpoint", "verispec": __version__,
                   "machine": f"{platform.machine()} {platform.node()}", "python": platform.python_version()}
     try:
-        names = ep.models()
-        if model is None:
-            if len(names) != 1:
-                fail(f"--model is needed: {endpoint} serves {', '.join(names) or 'no model'}")
-            ep.model = model = names[0]
-        ep.check_model()
+        # re-reading a complete --out (another --significance, say) needs no server
+        reread = (out is not None and os.path.exists(out) and model is not None and not seed_check
+                  and reference_endpoint is None)
+        if not reread:
+            names = ep.models()
+            if model is None:
+                if len(names) != 1:
+                    fail(f"--model is needed: {endpoint} serves {', '.join(names) or 'no model'}")
+                ep.model = model = names[0]
+            ep.check_model()
         settings = EndpointSettings(endpoint, model, the_prompt, m, temperature, top_k, top_p)
         err.print(f"audit: {endpoint} model {model}, N = {n_samples} samples of m = {m} tokens, "
                   f"T = {temperature}, top-k = {top_k}, top-p = {top_p}, significance {significance} "
@@ -135,6 +140,9 @@ def run_endpoint_audit(*, endpoint: str, api_key: Optional[str], model: Optional
         info["numerics_kernels"] = (f"{target} ({backend}"
                                     + (", batch-invariant" if getattr(target_model, "batch_invariant", False)
                                        else "") + ") on this machine")
+    if ep.mode is None and samples:     # nothing drawn now: every sample came from --out
+        ep.mode = samples[0].source
+        info["reread"] = f"all {n_samples} samples read from {out}; the server was not contacted"
     info.update(settings=settings.key(), id_source=ep.mode, retries=ep.retried,
                 dropped_fields=sorted(ep.dropped), seconds=round(time.perf_counter() - start, 1))
     if ids_note:
