@@ -29,7 +29,7 @@ class TokenizerMismatchError(ValueError):
 
 def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: str | None = None,
                num_hidden_layers: int | None = None, fetch_missing: bool = True,
-               batch_invariant: bool | None = None) -> CausalLM:
+               batch_invariant: bool | None = None, n_threads: int | None = None) -> CausalLM:
     """Load a model from a registered name, a local directory, a .gguf file or a hub id.
 
     Args:
@@ -42,6 +42,9 @@ def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: s
         batch_invariant: llama.cpp only: score a batch of tokens exactly as single
             tokens (see `LlamaCppModel.load`); None = on when the installed
             llama.cpp allows it.
+        n_threads: llama.cpp only: CPU threads (None: all cores). On a shared machine
+            fewer threads than cores avoids llama.cpp's spinning threads waiting on
+            descheduled ones.
 
     Raises:
         UnknownModelError, FileNotFoundError, ChecksumError: from `verispec.registry`.
@@ -51,6 +54,9 @@ def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: s
     """
     if isinstance(spec, CausalLM):
         return spec
+    if n_threads is not None and backend != "llamacpp":
+        raise ValueError("n_threads is a llama.cpp option (backend='llamacpp'); transformers uses "
+                         "torch.set_num_threads")
     if batch_invariant and backend != "llamacpp":
         raise ValueError("batch_invariant is a llama.cpp option (backend='llamacpp'); the "
                          "transformers backend has no such mode")
@@ -69,7 +75,7 @@ def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: s
         raise ValueError("num_hidden_layers (--draft-layers) is only supported by the transformers backend")
     tokenizer_path = resolved.hf_path if resolved.kind != "gguf_file" or resolved.hf_path else None
     return cls.load(str(resolved.gguf_path), tokenizer_path=tokenizer_path, name=resolved.name,
-                    batch_invariant=batch_invariant)
+                    batch_invariant=batch_invariant, n_threads=n_threads)
 
 
 def check_compatible(target: CausalLM, draft: CausalLM) -> None:

@@ -264,7 +264,11 @@ class SeededRandomness:
         if int(torch.count_nonzero(probs)) == 1:  # exact point mass (greedy): no draw
             return int(probs.argmax())
         e = self.generator(position, stream).standard_exponential(probs.shape[-1], dtype=np.float32)
-        return int(torch.argmax(probs / torch.from_numpy(e)))
+        race = probs / torch.from_numpy(e)
+        # float32 exponentials are exactly 0 about once in 4·10^7 draws (~2 % of draws over a
+        # 152k vocabulary): 0 / 0 = NaN, which argmax takes as the largest, would emit a token
+        # of probability 0. A token outside the support never wins the race.
+        return int(torch.argmax(race.masked_fill(probs <= 0, -1.0)))
 
     def uniform(self, n: int, position: int) -> torch.Tensor:
         return torch.tensor([self.generator(position + i, "accept").random(dtype=np.float32)

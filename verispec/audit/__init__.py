@@ -26,8 +26,14 @@ Rooms, one idea each (read them top to bottom):
 | `homogeneity` | two-sample statistics: χ²/G homogeneity test, TV bootstrap |
 | `statistical` | `audit_samples`, `statistical_audit`, `audit_rules`, `AuditReport` |
 | `samplers` | ``seed -> tokens`` samplers: `decode_sampler`, `rule_samplers`, `hf_assisted_sampler` |
+| `endpoint` | a running OpenAI-compatible server's samples as token ids: `Endpoint`, `draw_samples`, `seed_check` |
+| `goodness` | χ² goodness of fit to a known p, per position given the prefix (the exact reference) |
+| `power` | the smallest TV a χ² test detects with 80 % power (`detectable_tv`, `samples_for`) |
+| `numerics` | the numerics floor: TV between p of 1-token forwards and of a verification forward |
+| `reference` | the endpoint audit: `compare_exact`, `compare_two_sample`, `EndpointReport`, verdict |
 
-Everything public is re-exported here: ``from verispec.audit import X``.
+Everything public of the in-process audit is re-exported here: ``from verispec.audit import X``;
+the endpoint audit's rooms are imported by name (``verispec.audit.endpoint``, ...).
 """
 
 from .enumeration import AuditError, Distribution

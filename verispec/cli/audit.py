@@ -81,8 +81,48 @@ def audit(
                                    "naive-always-accept, hf-assisted (statistical audit only)"),
     exact: bool = typer.Option(False, "--exact", help="only the exact enumeration on toy models (seconds, no model)"),
     as_json: bool = typer.Option(False, "--json"),
+    endpoint: Optional[str] = typer.Option(
+        None, "--endpoint", help="audit a running OpenAI-compatible server instead, e.g. "
+                                 "http://127.0.0.1:8000/v1 (vLLM, SGLang, llama-server, verispec serve)"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="--endpoint: the server's API key"),
+    model: Optional[str] = typer.Option(None, "--model", help="--endpoint: the served model name "
+                                                              "(default: the only one it lists)"),
+    prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", help="--endpoint: the prompt as "
+                                                                        "token ids, e.g. 9707,11,1879"),
+    out: Optional[str] = typer.Option(None, "--out", help="--endpoint: JSONL of the raw samples; a "
+                                                          "rerun reuses them and adds up to --n-samples"),
+    reference_endpoint: Optional[str] = typer.Option(
+        None, "--reference-endpoint", help="--endpoint: compare with this server's samples "
+                                           "(two-sample) instead of the exact p of --target"),
+    tolerance: float = typer.Option(0.05, "--tolerance", help="--endpoint: a pass needs every "
+                                    "position to detect this TV (mass moved top->2nd) with 80% power"),
+    concurrency: int = typer.Option(4, "--concurrency", help="--endpoint: requests in flight"),
+    seed_check: bool = typer.Option(True, "--seed-check/--no-seed-check",
+                                    help="--endpoint: check that seeds reproduce and vary samples"),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1,
+                                          help="--endpoint --target on llama.cpp: CPU threads of the "
+                                               "local target (default: all cores)"),
 ) -> None:
-    """Prove and test losslessness: exact enumeration, and a statistical audit of real runs."""
+    """Prove and test losslessness: exact enumeration, a statistical audit of real runs, or
+    (--endpoint) an audit of a running server against the exact p or a reference server."""
+    if endpoint is not None:
+        from .audit_endpoint import run_endpoint_audit
+
+        if exact:
+            fail("--exact enumerates toy models in-process; drop it to audit --endpoint")
+        run_endpoint_audit(endpoint=endpoint, api_key=api_key, model=model, prompt=prompt,
+                           prompt_ids=prompt_ids, n_samples=n_samples, m=m, temperature=temperature,
+                           top_k=top_k, top_p=top_p,
+                           significance=_significance(significance, alpha_alias), tolerance=tolerance,
+                           out=out, reference_endpoint=reference_endpoint, target=target,
+                           backend=backend, concurrency=concurrency, seed_check=seed_check,
+                           as_json=as_json, threads=threads)
+        return
+    endpoint_only = {"--api-key": api_key, "--model": model, "--prompt-ids": prompt_ids, "--out": out,
+                     "--reference-endpoint": reference_endpoint}
+    given = [name for name, value in endpoint_only.items() if value is not None]
+    if given:
+        fail(f"{', '.join(given)} only apply with --endpoint URL (auditing a server)")
     from .. import audit as A
     from ..drafters.lookup import LookupDrafter
     from ..drafters.model import ModelDrafter

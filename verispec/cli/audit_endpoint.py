@@ -1,0 +1,165 @@
+"""`verispec audit --endpoint URL`: audit a running OpenAI-compatible server.
+
+Draws N completions of m tokens from the server (`verispec.audit.endpoint`) and
+compares them with the target's exact p computed locally (``--target``) or with a
+reference server's samples (``--reference-endpoint``), reporting per position the
+test, p-value, TV with its interval, the smallest detectable TV and the numerics
+floor (`verispec.audit.reference`), plus the cheap seed check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from typing import Optional
+
+from rich.console import Console
+
+from .common import err, fail
+
+_REFERENCE_SEEDS = 1_000_000_000     # the reference server's seeds: disjoint from the endpoint's
+
+
+def parse_prompt_ids(text: str) -> list[int]:
+    """'1,2,3' or '1 2 3' or '[1, 2, 3]' -> ids, or a clear error naming --prompt-ids."""
+    items = text.replace("[", " ").replace("]", " ").replace(",", " ").split()
+    try:
+        ids = [int(t) for t in items]
+    except ValueError:
+        fail(f"--prompt-ids must be token ids separated by commas, e.g. 1,2,3; got {text!r}")
+    if not ids or any(i < 0 for i in ids):
+        fail(f"--prompt-ids must hold at least one id >= 0; got {text!r}")
+    return ids
+
+
+def run_endpoint_audit(*, endpoint: str, api_key: Optional[str], model: Optional[str], prompt: str,
+                       prompt_ids: Optional[str], n_samples: int, m: int, temperature: float,
+                       top_k: int, top_p: float, significance: float, tolerance: float,
+                       out: Optional[str], reference_endpoint: Optional[str], target: Optional[str],
+                       backend: Optional[str], concurrency: int, seed_check: bool, as_json: bool,
+                       threads: Optional[int] = None) -> None:
+    """The `--endpoint` mode of `verispec audit` (its options, already parsed)."""
+    from .. import __version__
+    from ..audit.endpoint import Endpoint, EndpointError, EndpointSettings, draw_samples
+    from ..audit.endpoint import seed_check as check_seeds
+    from ..audit.numerics import numerics_floor
+    from ..audit.reference import compare_exact, compare_two_sample, target_next_probs
+    from ..sampling import SamplingConfig
+
+    if temperature <= 0:
+        fail("--temperature must be > 0: an audit compares sampled distributions")
+    if reference_endpoint is None and target is None:
+        fail("--endpoint needs a reference: --target NAME (the same weights, loaded here: exact p) "
+             "or --reference-endpoint URL (e.g. the same server without a draft)")
+    if not 0 < tolerance < 1:
+        fail(f"--tolerance is a total variation in (0, 1), e.g. 0.05; got {tolerance}")
+    if concurrency < 1:
+        fail(f"--concurrency must be >= 1, got {concurrency}")
+    try:
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    except ValueError as e:
+        fail(str(e).replace("top_k", "--top-k").replace("top_p", "--top-p"))
+    start = time.perf_counter()
+    target_model = None
+    if target is not None:
+        from ..api import load_model
+        from .common import default_backend
+
+        backend = backend or default_backend()
+        try:
+            with err.status(f"loading target {target} ({backend}) for the exact reference"):
+                target_model = load_model(target, backend=backend, n_threads=threads)
+        except Exception as e:  # noqa: BLE001 (registry, file and backend errors alike)
+            fail(f"--target {target}: {e}")
+    ids_note = None
+    if prompt_ids is not None:
+        the_prompt: str | tuple[int, ...] = tuple(parse_prompt_ids(prompt_ids))
+    elif target_model is not None and target_model.tokenizer is not None:
+        # the server gets the ids the reference is computed for (no tokenisation mismatch)
+        the_prompt = tuple(int(i) for i in target_model.tokenizer.encode(prompt))
+        ids_note = f"--prompt tokenised by {target}'s tokenizer and sent as ids"
+    else:
+        if not prompt.strip():
+            fail("--prompt is empty: give the text the audited samples continue (or --prompt-ids)")
+        the_prompt = prompt
+    ep = Endpoint(endpoint, model or "", api_key=api_key)
+    info: dict = {"command": "verispec audit --endpoint", "verispec": __version__,
+                  "machine": f"{platform.machine()} {platform.node()}", "python": platform.python_version()}
+    try:
+        # re-reading a complete --out (another --significance, say) needs no server
+        reread = (out is not None and os.path.exists(out) and model is not None and not seed_check
+                  and reference_endpoint is None)
+        if not reread:
+            names = ep.models()
+            if model is None:
+                if len(names) != 1:
+                    fail(f"--model is needed: {endpoint} serves {', '.join(names) or 'no model'}")
+                ep.model = model = names[0]
+            ep.check_model()
+        settings = EndpointSettings(endpoint, model, the_prompt, m, temperature, top_k, top_p)
+        err.print(f"audit: {endpoint} model {model}, N = {n_samples} samples of m = {m} tokens, "
+                  f"T = {temperature}, top-k = {top_k}, top-p = {top_p}, significance {significance} "
+                  f"(Bonferroni over {m + 1} tests)")
+        samples = draw_samples(ep, settings, n_samples, out=out, concurrency=concurrency, desc="endpoint")
+        seeds = check_seeds(ep, settings) if seed_check else None
+        ref_samples = None
+        if reference_endpoint is not None:
+            ref = Endpoint(reference_endpoint, model, api_key=api_key)
+            ref.check_model()
+            ref_settings = EndpointSettings(reference_endpoint, model, the_prompt, m, temperature, top_k, top_p)
+            ref_out = None if out is None else (out[:-6] if out.endswith(".jsonl") else out) + ".reference.jsonl"
+            ref_samples = draw_samples(ref, ref_settings, n_samples, out=ref_out, seed_offset=_REFERENCE_SEEDS,
+                                       concurrency=concurrency, desc="reference")
+            info["reference_id_source"] = ref.mode
+    except EndpointError as e:
+        fail(str(e))
+    ids = [s.token_ids for s in samples]
+    floor = None
+    if target_model is not None:
+        prompt_list = list(the_prompt) if not isinstance(the_prompt, str) else target_model.tokenizer.encode(prompt)
+        full = [tuple(s) for s in ids if len(s) == m]
+        if full:
+            path = max(set(full), key=full.count)
+            floor = numerics_floor(target_model, prompt_list, list(path), sampling)
+            info["numerics_path"] = list(path)
+    label = f"{endpoint} ({model})"
+    if ref_samples is not None:
+        report = compare_two_sample(ids, [s.token_ids for s in ref_samples], m, significance=significance,
+                                    tolerance=tolerance, floor=floor, endpoint=label,
+                                    reference=f"{reference_endpoint} ({model})")
+    else:
+        prompt_list = list(the_prompt) if not isinstance(the_prompt, str) else target_model.tokenizer.encode(prompt)
+        sampling_eos = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+        report = compare_exact(ids, m, target_next_probs(target_model, prompt_list, sampling_eos),
+                               significance=significance, tolerance=tolerance,
+                               stop_ids=sorted(target_model.eos_token_ids), floor=floor,
+                               endpoint=label, reference=f"exact p of {target}")
+    if target_model is not None:
+        info["numerics_kernels"] = (f"{target} ({backend}"
+                                    + (", batch-invariant" if getattr(target_model, "batch_invariant", False)
+                                       else "") + ") on this machine")
+    if ep.mode is None and samples:     # nothing drawn now: every sample came from --out
+        ep.mode = samples[0].source
+        info["reread"] = f"all {n_samples} samples read from {out}; the server was not contacted"
+    info.update(settings=settings.key(), id_source=ep.mode, retries=ep.retried,
+                dropped_fields=sorted(ep.dropped), seconds=round(time.perf_counter() - start, 1))
+    if ids_note:
+        info["prompt_note"] = ids_note
+    if ep.mode == "retokenised":
+        info["warning"] = ("token ids were not returned: the text was re-tokenised by the server's "
+                           "/tokenize, which can differ from the sampled ids")
+    if seeds is not None:
+        info["seed_check"] = {"reproducible": seeds.reproducible, "varies": seeds.varies, "tries": seeds.tries}
+    report.info = info
+    if as_json:
+        print(json.dumps(report.to_dict(), default=str))
+        return
+    console = Console()
+    console.print(report.table())
+    console.print(f"token ids: {ep.mode}" + (f" ({info['warning']})" if "warning" in info else "")
+                  + (f"; {ids_note}" if ids_note else "") + f"; retries {ep.retried}")
+    if seeds is not None:
+        console.print(f"seed check: same seed twice → {'same' if seeds.reproducible else 'DIFFERENT'} "
+                      f"tokens; {seeds.tries} other seeds → {'vary' if seeds.varies else 'all the same'}")
