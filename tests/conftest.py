@@ -72,3 +72,21 @@ def dataset(tmp_path):
             turns = [text, "And now?"] if cat in MT_BENCH_CATEGORIES else [text]
             f.write(json.dumps({"question_id": i, "category": cat, "turns": turns}) + "\n")
     return path
+
+
+# a model cache under tmp_path ($VERISPEC_CACHE), and a fake converted model directory in it
+@pytest.fixture
+def model_cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("VERISPEC_CACHE", str(root))
+    return root
+
+
+def fake_converted(directory, **info) -> None:
+    """A directory the registry takes for a finished conversion (config, weights, marker)."""
+    from verispec import registry
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text("{}")
+    (directory / "model.safetensors").write_bytes(b"")
+    (directory / registry.MARKER_NAME).write_text(json.dumps({"format": registry.CONVERT_FORMAT, **info}))

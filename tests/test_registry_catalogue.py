@@ -4,34 +4,17 @@ and the cache root: no network, no real models, no torch import."""
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 
 import pytest
 
 from verispec import registry
-from verispec.registry import cache as registry_cache  # the module, not the fixture below
+from verispec.registry import cache as registry_cache  # the module (the fixture is model_cache)
 from verispec.registry import ModelNotFetchedError, ModelSpec
+
+from conftest import fake_converted
 
 
 REGISTERED = ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m"]
-
-
-# --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "cache"
-    monkeypatch.setenv("VERISPEC_CACHE", str(root))
-    return root
-
-
-def _fake_converted(directory: Path, **info) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text("{}")
-    (directory / "model.safetensors").write_bytes(b"")
-    (directory / registry.MARKER_NAME).write_text(json.dumps({"format": registry.CONVERT_FORMAT, **info}))
 
 
 # --------------------------------------------------------------------------- registered models
@@ -88,13 +71,13 @@ def test_modelspec_is_frozen_and_validated():
 # --------------------------------------------------------------------------- state in the cache
 
 
-def test_converted_dir_from_another_gguf_or_format_is_not_trusted(cache):
+def test_converted_dir_from_another_gguf_or_format_is_not_trusted(model_cache):
     name = "smollm2-135m"
-    _fake_converted(registry.hf_dir(name), source_sha256="f" * 64)
+    fake_converted(registry.hf_dir(name), source_sha256="f" * 64)
     assert not registry.is_converted(name)
-    _fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256, format=0)
+    fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256, format=0)
     assert not registry.is_converted(name)
-    _fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256)
+    fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256)
     assert registry.is_converted(name)
     (registry.hf_dir(name) / "model.safetensors").unlink()
     assert not registry.is_converted(name)
@@ -102,7 +85,7 @@ def test_converted_dir_from_another_gguf_or_format_is_not_trusted(cache):
         registry.resolve(name, fetch_missing=False)
 
 
-def test_list_models_empty_cache(cache):
+def test_list_models_empty_cache(model_cache):
     rows = registry.list_models()
     assert [r["name"] for r in rows] == REGISTERED
     for r in rows:
@@ -112,7 +95,7 @@ def test_list_models_empty_cache(cache):
     assert roles["qwen2.5-coder-1.5b"] == "target" and roles["qwen2.5-coder-0.5b"] == "draft"
 
 
-def test_list_models_reports_fetched_and_converted(cache):
+def test_list_models_reports_fetched_and_converted(model_cache):
     name = "smollm2-135m"
     spec = registry.REGISTRY[name]
     g = registry.gguf_path(name)
@@ -122,6 +105,6 @@ def test_list_models_reports_fetched_and_converted(cache):
     registry_cache.write_verified_marker(g, spec.sha256)
     row = {r["name"]: r for r in registry.list_models()}[name]
     assert row["fetched"] and not row["converted"] and row["path"] == str(g)
-    _fake_converted(registry.hf_dir(name), source_sha256=spec.sha256)
+    fake_converted(registry.hf_dir(name), source_sha256=spec.sha256)
     row = {r["name"]: r for r in registry.list_models()}[name]
     assert row["converted"] and row["path"] == str(registry.hf_dir(name))

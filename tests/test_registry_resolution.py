@@ -13,28 +13,13 @@ from verispec import registry
 from verispec.registry import conversion, resolution
 from verispec.registry import ModelNotFetchedError, UnknownModelError
 
-
-# --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "cache"
-    monkeypatch.setenv("VERISPEC_CACHE", str(root))
-    return root
-
-
-def _fake_converted(directory: Path, **info) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text("{}")
-    (directory / "model.safetensors").write_bytes(b"")
-    (directory / registry.MARKER_NAME).write_text(json.dumps({"format": registry.CONVERT_FORMAT, **info}))
+from conftest import fake_converted
 
 
 # --------------------------------------------------------------------------- resolve
 
 
-def test_resolve_unknown_name_lists_registered_names(cache):
+def test_resolve_unknown_name_lists_registered_names(model_cache):
     with pytest.raises(UnknownModelError) as info:
         registry.resolve("llama-70b")
     assert isinstance(info.value, ValueError)
@@ -47,13 +32,13 @@ def test_resolve_unknown_name_lists_registered_names(cache):
 
 
 @pytest.mark.parametrize("spec", ["./nope", "/definitely/not/here", "~/no-such-verispec-model", "nope.gguf", "a/b/c"])
-def test_resolve_missing_path(cache, spec):
+def test_resolve_missing_path(model_cache, spec):
     with pytest.raises(FileNotFoundError) as info:
         registry.resolve(spec)
     assert Path(spec).name in str(info.value)
 
 
-def test_resolve_dir_without_config(cache, tmp_path):
+def test_resolve_dir_without_config(model_cache, tmp_path):
     d = tmp_path / "model"
     d.mkdir()
     (d / "weights.gguf").write_bytes(b"GGUF")
@@ -63,7 +48,7 @@ def test_resolve_dir_without_config(cache, tmp_path):
     assert "weights.gguf" in str(info.value)  # hints at the GGUF inside
 
 
-def test_resolve_hf_dir(cache, tmp_path):
+def test_resolve_hf_dir(model_cache, tmp_path):
     d = tmp_path / "my-model"
     d.mkdir()
     (d / "config.json").write_text("{}")
@@ -76,7 +61,7 @@ def test_resolve_hf_dir(cache, tmp_path):
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can read anything")
-def test_resolve_unreadable_dir(cache, tmp_path):
+def test_resolve_unreadable_dir(model_cache, tmp_path):
     d = tmp_path / "locked"
     d.mkdir()
     (d / "config.json").write_text("{}")
@@ -88,29 +73,29 @@ def test_resolve_unreadable_dir(cache, tmp_path):
         d.chmod(0o755)
 
 
-def test_resolve_hub_id_passthrough(cache):
+def test_resolve_hub_id_passthrough(model_cache):
     r = registry.resolve("Qwen/Qwen2.5-Coder-1.5B-Instruct")
     assert (r.kind, r.hf_path, r.gguf_path, r.chat) == ("hub_id", "Qwen/Qwen2.5-Coder-1.5B-Instruct", None, None)
 
 
-def test_resolve_registered_not_fetched_without_fetching(cache):
+def test_resolve_registered_not_fetched_without_fetching(model_cache):
     with pytest.raises(ModelNotFetchedError, match=r"verispec models fetch smollm2-135m"):
         registry.resolve("smollm2-135m", fetch_missing=False)
 
 
-def test_resolve_registered_converted_and_missing(cache, monkeypatch):
+def test_resolve_registered_converted_and_missing(model_cache, monkeypatch):
     spec = registry.REGISTRY["qwen2.5-coder-0.5b"]
     calls = []
 
     def fake_convert(name, progress=True):
         calls.append(name)
-        _fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256)
+        fake_converted(registry.hf_dir(name), source_sha256=registry.REGISTRY[name].sha256)
         return registry.hf_dir(name)
 
     monkeypatch.setattr(resolution, "convert", fake_convert)
     r = registry.resolve(spec.name)  # missing -> fetch + convert
     assert calls == [spec.name]
-    assert (r.kind, r.name, r.hf_path, r.chat) == ("registered", spec.name, str(cache / "hf" / spec.name), True)
+    assert (r.kind, r.name, r.hf_path, r.chat) == ("registered", spec.name, str(model_cache / "hf" / spec.name), True)
     assert registry.resolve(spec.name, fetch_missing=False).hf_path == r.hf_path  # no more work
     assert calls == [spec.name]
 
@@ -118,7 +103,7 @@ def test_resolve_registered_converted_and_missing(cache, monkeypatch):
 # --------------------------------------------------------------------------- .gguf files: converted once
 
 
-def test_resolve_gguf_file_converted_once(cache, tmp_path, monkeypatch):
+def test_resolve_gguf_file_converted_once(model_cache, tmp_path, monkeypatch):
     g = tmp_path / "weights" / "tiny.gguf"
     g.parent.mkdir()
     g.write_bytes(b"GGUF" + b"\0" * 64)
@@ -126,13 +111,13 @@ def test_resolve_gguf_file_converted_once(cache, tmp_path, monkeypatch):
 
     def fake_convert_to_dir(src, dest, *, spec, source_sha256, source_key, progress):
         calls.append((src, dest))
-        _fake_converted(dest, source_key=source_key, chat_template=True)
+        fake_converted(dest, source_key=source_key, chat_template=True)
         return {}
 
     monkeypatch.setattr(conversion, "_convert_to_dir", fake_convert_to_dir)
     r = registry.resolve(str(g))
     assert r.kind == "gguf_file" and r.name == "tiny" and r.gguf_path == g and r.chat is True
-    assert Path(r.hf_path).parent == cache / "local"
+    assert Path(r.hf_path).parent == model_cache / "local"
     assert registry.resolve(str(g)).hf_path == r.hf_path
     assert len(calls) == 1
     # Editing the file (new size/mtime) converts it again, into a new directory.
@@ -141,7 +126,7 @@ def test_resolve_gguf_file_converted_once(cache, tmp_path, monkeypatch):
     assert len(calls) == 2
 
 
-def test_resolve_non_gguf_files(cache, tmp_path):
+def test_resolve_non_gguf_files(model_cache, tmp_path):
     fake_gguf = tmp_path / "notreally.gguf"
     fake_gguf.write_bytes(b"PK\3\4 this is a zip")
     with pytest.raises(ValueError, match="not a GGUF"):
