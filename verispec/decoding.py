@@ -184,6 +184,9 @@ class Stats:
 
 @dataclass
 class DecodeResult:
+    """What `decode` returns: the new token ids (EOS or the stop string's last token
+    included; the prompt excluded) and the generation's counters."""
+
     tokens: list[int]   # new tokens only
     stats: Stats
 

@@ -261,6 +261,12 @@ class SeededRandomness:
         return np.random.Generator(np.random.PCG64(_key(self.seed, position, stream)))
 
     def categorical(self, probs: torch.Tensor, position: int, stream: str = "sample") -> int:
+        """One token id drawn from `probs` ([V] float, sums to 1) by an exponential race,
+        argmax_j p_j / E_j with E_j ~ Exp(1) i.i.d. from the (seed, position, stream) key:
+        token j wins with probability exactly p_j, since E_j / p_j ~ Exp(p_j) (the
+        Gumbel-max trick in exponential form, the race Daliri, Musco, Suresh 2024 couple
+        drafts with). Tokens with p_j = 0 never win. The same key gives the same E,
+        so drafts and plain decoding that race on the same key are coupled."""
         if int(torch.count_nonzero(probs)) == 1:  # exact point mass (greedy): no draw
             return int(probs.argmax())
         e = self.generator(position, stream).standard_exponential(probs.shape[-1], dtype=np.float32)
@@ -271,6 +277,8 @@ class SeededRandomness:
         return int(torch.argmax(race.masked_fill(probs <= 0, -1.0)))
 
     def uniform(self, n: int, position: int) -> torch.Tensor:
+        """[n] float32 uniforms in [0, 1) for the acceptance tests of positions
+        position..position+n-1, one keyed generator each (stream "accept")."""
         return torch.tensor([self.generator(position + i, "accept").random(dtype=np.float32)
                              for i in range(n)], dtype=torch.float32)
 

@@ -56,6 +56,8 @@ UNSUPPORTED: dict[str, tuple] = {
 
 
 class StreamOptions(BaseModel):
+    """OpenAI's `stream_options`: `include_usage` adds a last chunk with usage and metrics."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool | None = None
 
@@ -87,6 +89,8 @@ class _Common(BaseModel):
 
 
 class ChatRequest(_Common):
+    """`POST /v1/chat/completions`: `messages` go through the chat template."""
+
     messages: Any = None
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool | None = None
@@ -94,6 +98,8 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
+    """`POST /v1/completions`: `prompt` is a text or a list of token ids."""
+
     prompt: Any = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
