@@ -90,3 +90,15 @@ def fake_converted(directory, **info) -> None:
     (directory / "config.json").write_text("{}")
     (directory / "model.safetensors").write_bytes(b"")
     (directory / registry.MARKER_NAME).write_text(json.dumps({"format": registry.CONVERT_FORMAT, **info}))
+
+
+def successor(wrong_after=None, name="succ", vocab=6):
+    """Greedy toy model: next token = last + 1 (mod vocab); after `wrong_after` it says 0 instead."""
+    from verispec.models.toy import FunctionModel
+
+    def fn(prefix):
+        nxt = 0 if prefix[-1] == wrong_after else (prefix[-1] + 1) % vocab
+        out = torch.full((vocab,), -10.0, dtype=torch.float64)
+        out[nxt] = 0.0
+        return out
+    return FunctionModel(fn, vocab, name=name)

@@ -6,25 +6,15 @@ Toy models only (FunctionModel, fake clock): no real models, no sleeps, no timin
 import json
 
 import pytest
-import torch
 
 from verispec import analyze as an
-from verispec.models.toy import FunctionModel
 from verispec.predict import predict_from_analysis
 from verispec.prompts import Prompt
 from verispec.report.analysis import closing_notes, render_tables
 
+from conftest import successor
+
 V = 6
-
-
-def successor(wrong_after=None, name="succ"):
-    """Greedy toy: next token = last + 1 (mod V); after `wrong_after` it says 0 instead."""
-    def fn(prefix):
-        nxt = 0 if prefix[-1] == wrong_after else (prefix[-1] + 1) % V
-        out = torch.full((V,), -10.0, dtype=torch.float64)
-        out[nxt] = 0.0
-        return out
-    return FunctionModel(fn, V, name=name)
 
 
 def write(tmp_path, name, text):

@@ -4,7 +4,6 @@ Toy models only (FunctionModel): no real models, no timings.
 """
 
 import pytest
-import torch
 
 from verispec import analyze as an
 from verispec import theory
@@ -12,6 +11,8 @@ from verispec.drafters.lookup import LookupDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.models.toy import FunctionModel, log_probs
 from verispec.sampling import SamplingConfig, TorchRandomness
+
+from conftest import successor
 
 V = 6
 P = [0.4, 0.3, 0.1, 0.1, 0.05, 0.05]
@@ -23,16 +24,6 @@ GREEDY = SamplingConfig()
 def constant(probs, name):
     logits = log_probs(probs)
     return FunctionModel(lambda prefix: logits, V, name=name)
-
-
-def successor(wrong_after=None, name="succ"):
-    """Greedy toy: next token = last + 1 (mod V); after `wrong_after` it says 0 instead."""
-    def fn(prefix):
-        nxt = 0 if prefix[-1] == wrong_after else (prefix[-1] + 1) % V
-        out = torch.full((V,), -10.0, dtype=torch.float64)
-        out[nxt] = 0.0
-        return out
-    return FunctionModel(fn, V, name=name)
 
 
 @pytest.mark.parametrize("sampling", [SAMPLE, SamplingConfig(temperature=0.7, top_k=5)])
