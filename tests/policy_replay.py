@@ -28,7 +28,6 @@ import torch
 
 from verispec.decoding import RoundRecord
 from verispec.drafters.base import Confidence
-from verispec.timing import time_forwards
 
 # -- fake drafters: each returns, for the current round, what the script offers -------------
 
@@ -121,14 +120,8 @@ def make_record(r: dict) -> RoundRecord:
 
 
 def _calibrate(policy, target: FakeTarget, context, repeats):
-    """`policy.calibrate` with the fake target's clock in place of the wall clock."""
-    defaults = time_forwards.__kwdefaults__
-    saved = defaults["clock"]
-    defaults["clock"] = target.clock
-    try:
-        return policy.calibrate(target, context, repeats=repeats)
-    finally:
-        defaults["clock"] = saved
+    """`policy.calibrate` on the fake target's clock instead of the wall clock."""
+    return policy.calibrate(target, context, repeats=repeats, clock=target.clock)
 
 
 # -- one step of the replay: inputs in, decisions out ------------------------------------------
