@@ -10,7 +10,7 @@ import torch
 from verispec import theory
 from verispec.decoding import RoundRecord
 from verispec.drafters import Confidence
-from verispec.policy import AdaptivePolicy
+from verispec.policy import AdaptivePolicy, make_policy
 from verispec.policy.costs import OnlineCostCurve
 from verispec.policy.decayed import Decayed
 from test_policy import EvidenceDrafter, FakeDrafter, feed, record
@@ -124,3 +124,21 @@ def test_an_alpha_a_rounding_error_above_one_is_learned_as_one():
     assert above.alphas("model", 2) == exact.alphas("model", 2)
     assert max(above.alphas("model", 2)) <= 1.0
     assert above.predict("model", 2) == exact.predict("model", 2) > 1.0
+
+
+def test_a_policy_seeded_with_a_measured_curve_prices_like_that_curve():
+    measured = theory.CostCurve((1.0, 1.05, 1.1, 1.15, 1.2), 0.05)
+    policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=4, alpha_prior=0.6)
+    policy.seed_costs(measured, "model")
+    assert policy.calibrated and policy.costs.curve("model") == measured
+    for k in range(5):
+        assert policy.predict("model", k) == measured.speedup(policy.alphas("model", 4), k)
+    with pytest.raises(KeyError):
+        policy.seed_costs(measured, "no-such-drafter")
+
+
+def test_make_policy_checks_k_max_for_a_fixed_k_too():
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="k_max"):
+            make_policy(3, {}, k_max=bad)
+    assert make_policy("auto", {}, k_max=5).k_max == 5

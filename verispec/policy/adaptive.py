@@ -31,15 +31,22 @@ from collections.abc import Sequence
 from ..decoding import Policy, RoundRecord
 from ..drafters.base import Confidence, Drafter, SupportsCatchup, SupportsConfidences
 from ..models.base import CausalLM
+from ..theory import CostCurve
 from ..timing import Clock
 from .alphas import AlphaEstimates
 from .budget import Budget
 from .calibration import time_drafters, time_target
 from .costs import OnlineCostCurve
 
-__all__ = ["AdaptivePolicy"]
+__all__ = ["AdaptivePolicy", "check_k_max"]
 
 Offer = tuple[int, "list[Confidence] | None"]   # (most tokens a drafter can draft now, its evidence)
+
+
+def check_k_max(k_max) -> None:
+    """Raise ValueError naming `k_max` unless it is an integer >= 1."""
+    if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+        raise ValueError(f"k_max must be an integer >= 1, got {k_max!r}")
 
 
 class AdaptivePolicy(Policy):
@@ -82,8 +89,7 @@ class AdaptivePolicy(Policy):
                  probe_every: int = 8, probe_alpha: float = 0.9, explore_slope: float = 0.1,
                  refresh_every: int = 32, explore_fraction: float = 0.1,
                  carry: float = 0.3, evidence_decay: float = 0.98) -> None:
-        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
-            raise ValueError(f"k_max must be an integer >= 1, got {k_max!r}")
+        check_k_max(k_max)
         for label, value in (("decay", decay), ("evidence_decay", evidence_decay)):
             if not 0 < value < 1:
                 raise ValueError(f"{label} must be in (0, 1), got {value!r}")
@@ -134,6 +140,22 @@ class AdaptivePolicy(Policy):
         self.calibrate_drafters(context)
         self.calibrated = True
         return {n: self.costs.target(n) for n in timed}
+
+    def seed_costs(self, curve: CostCurve, drafter: str | None = None) -> None:
+        """Take a cost curve measured elsewhere (`verispec.cost.measure_cost_curve`, an
+        analysis, a planner's prediction) as the prior instead of calibrating: T_t(n) for
+        its n <= k_max + 1, and its T_d for `drafter` (None: T_t only).
+
+        Raises:
+            KeyError: if `drafter` is not one of the policy's drafters.
+        """
+        for n, seconds in enumerate(curve.target_times[:self.k_max + 1], start=1):
+            self.costs.reset_target(n, seconds)
+        if drafter is not None:
+            if drafter not in self.drafters:
+                raise KeyError(f"drafter {drafter!r} is not one of the policy's {sorted(self.drafters)}")
+            self.costs.observe_draft(drafter, curve.draft_time)
+        self.calibrated = True
 
     def calibrate_drafters(self, context: Sequence[int]) -> dict[str, tuple[float, float]]:
         """Priors of each self-timing drafter's catch-up cost and T_d (`time_drafters`).

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from ..decoding import Policy, RoundRecord
 from ..drafters.base import Drafter
-from .adaptive import AdaptivePolicy
+from .adaptive import AdaptivePolicy, check_k_max
 
 __all__ = ["FixedPolicy", "make_policy", "check_k"]
 
@@ -54,8 +54,10 @@ def make_policy(k: int | str, drafters: dict[str, Drafter], *, k_max: int = 8, *
         A `FixedPolicy` or an `AdaptivePolicy`.
 
     Raises:
-        ValueError: naming `k` when it is neither, or `k_max` when it is not an integer >= 1.
+        ValueError: naming `k` when it is neither, or `k_max` when it is not an integer
+            >= 1 (checked for a fixed k too, so a bad setting never passes silently).
     """
+    check_k_max(k_max)
     if k == "auto":
         return AdaptivePolicy(drafters, k_max=k_max, **kwargs)
     check_k(k)
