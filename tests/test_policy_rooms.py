@@ -25,6 +25,11 @@ def test_the_online_model_prices_a_measured_curve_as_the_curve_itself():
         assert curve.optimal_k(alpha, 4) == measured.optimal_k(alpha, 4)
         assert [curve.speedup(alpha, k) for k in range(5)] == [measured.speedup(alpha, k) for k in range(5)]
     assert online.measured(0.1) == measured
+    for alpha in (0.3, [0.9, 0.7, 0.5, 0.4]):
+        assert online.optimal_k(alpha, 4) == measured.optimal_k(alpha, 4)
+        assert online.speedup(alpha, 3, "model") == measured.speedup(alpha, 3)
+    with pytest.raises(ValueError, match="no prices"):
+        OnlineCostCurve(["model"], 5, decay=0.9, explore_slope=0.1, margin=0.03).speedup(0.5, 2)
     assert [online.target(n) for n in range(1, 6)] == list(measured.target_times)
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from ..theory import CostCurve
+from ..theory import AlphaSpec, CostCurve
 from .decayed import Decayed
 
 __all__ = ["OnlineCostCurve"]
@@ -174,6 +174,35 @@ class OnlineCostCurve:
             times = [self.single_step()] + [self.target(self.verify_width(n)) for n in range(2, self.n_max + 1)]
             curve = self._curves[name] = CostCurve(tuple(times), t_d)
         return curve
+
+    def _priced(self, drafter: str | None) -> CostCurve:
+        if drafter is None:
+            if len(self.draft_cost) != 1:
+                raise ValueError(f"name the drafter: this model prices {sorted(self.draft_cost)}")
+            drafter = next(iter(self.draft_cost))
+        curve = self.curve(drafter)
+        if curve is None:
+            raise ValueError(f"no prices for {drafter!r} yet: T_t(1) and its T_d must be observed first")
+        return curve
+
+    def speedup(self, alpha_or_alphas: AlphaSpec, k: int, drafter: str | None = None) -> float:
+        """`CostCurve.speedup` on `curve(drafter)`: S(k) = E · T_t(1) / (k · T_d + T_t(w(k+1))).
+
+        Args:
+            alpha_or_alphas: scalar α in [0, 1], or α_1..α_K with K >= k.
+            k: draft length, >= 0.
+            drafter: whose T_d (None: the only drafter priced).
+
+        Raises:
+            ValueError: before T_t(1) and the drafter's T_d are known, when `drafter` is
+                None among several, or for arguments `theory.speedup_cost_curve` refuses.
+        """
+        return self._priced(drafter).speedup(alpha_or_alphas, k)
+
+    def optimal_k(self, alpha_or_alphas: AlphaSpec, k_max: int, drafter: str | None = None) -> tuple[int, float]:
+        """`CostCurve.optimal_k` on `curve(drafter)`: (k*, S(k*)) over k = 0..k_max
+        (k_max <= n_max - 1). Raises as `speedup`."""
+        return self._priced(drafter).optimal_k(alpha_or_alphas, k_max)
 
     def measured(self, draft_time: float = 0.0) -> CostCurve | None:
         """The measured T_t(1..m) as a plain `CostCurve` (m: the widths measured without a
