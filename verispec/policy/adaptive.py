@@ -105,7 +105,9 @@ class AdaptivePolicy(Policy):
         self.costs = OnlineCostCurve(self.drafters, k_max + 1, decay=decay, explore_slope=explore_slope,
                                      margin=margin)
         self.budget = Budget(self.drafters, explore_fraction=explore_fraction, decay=decay)
-        self.evidence_of = [name for name, d in self.drafters.items() if isinstance(d, SupportsConfidences)]
+        # the optional parts each drafter has (asked once: a runtime Protocol check is slow)
+        self.evidence_of = {name for name, d in self.drafters.items() if isinstance(d, SupportsConfidences)}
+        self.catching_up = {name for name, d in self.drafters.items() if isinstance(d, SupportsCatchup)}
         self.calibrated = False
         self.probes = 0                      # probes so far (whose turn is next)
         self.probe_interval = probe_every    # plain rounds in a row before the next probe
@@ -198,10 +200,9 @@ class AdaptivePolicy(Policy):
     def catchup_charge(self, name: str, seq: Sequence[int]) -> tuple[float, int]:
         """(seconds, tokens) of the catch-up drafter `name` needs before drafting after
         `seq`: its `catchup_tokens` × its seconds per token (0 s while that is unknown)."""
-        drafter = self.drafters[name]
-        if not isinstance(drafter, SupportsCatchup):
+        if name not in self.catching_up:
             return 0.0, 0
-        missing = drafter.catchup_tokens(seq)
+        missing = self.drafters[name].catchup_tokens(seq)
         per_token = self.costs.catchup_time(name)
         return (missing * per_token if per_token is not None else 0.0), missing
 
