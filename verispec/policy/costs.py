@@ -42,7 +42,7 @@ class OnlineCostCurve:
 
     Args:
         drafters: the drafter names it prices.
-        n_max: largest forward width priced, k_max + 1 (tokens, >= 2).
+        n_max: largest forward width priced, k_max + 1 (tokens, >= 1).
         decay: weight of the past per new observation, in (0, 1).
         explore_slope: relative cost per extra token guessed for an unmeasured T_t(n).
         margin: relative gain a wider verification must bring to be used.
