@@ -11,7 +11,9 @@ bench methods beside verispec's own, prompt by prompt (`run_bench(endpoints=...)
     llama-server-draft     --spec-type draft-simple --model-draft DRAFT (llama.cpp's defaults)
     llama-server-ngram     --spec-type ngram-simple
 
-Every server gets the chat-templated token ids verispec decodes (`/v1/completions` with a
+Servers run with `--no-repack`: on the VM this was measured on, llama.cpp's default extra
+buffer types use AMX tiles, which its kernel does not grant (SIGILL), and without repacking
+they hold the weights as verispec's batch-invariant mode does. Every server gets the chat-templated token ids verispec decodes (`/v1/completions` with a
 token list, `cache_prompt: false` so each request is prefilled like every other row) and
 greedy decoding; τ and α̂ come from llama-server's `timings` (draft_n, draft_n_accepted).
 Servers are stopped on exit. Run it under the project's lock:
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -62,7 +65,7 @@ def llama_server(binary: Path, model: Path, extra: list[str], threads: int, n_ct
     """A llama-server on 127.0.0.1 (one slot, metrics on), stopped on exit; yields its URL."""
     port = _free_port()
     cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-           "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--metrics", *extra]
+           "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--metrics", "--no-repack", *extra]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -92,6 +95,7 @@ def llama_server(binary: Path, model: Path, extra: list[str], threads: int, n_ct
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="output directory (results.jsonl, table.md, ...)")
+    ap.add_argument("--dataset", default=None, help="Spec-Bench question.jsonl (default: as `bench`)")
     ap.add_argument("--target", default=registry.DEFAULT_TARGET)
     ap.add_argument("--draft", default=registry.DEFAULT_DRAFT)
     ap.add_argument("--bin-dir", default=str(BUILD / "bin"))
@@ -104,14 +108,15 @@ def main() -> None:
     ap.add_argument("--servers", default=",".join(SERVERS), help="which native rows (comma-separated)")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the servers on a kill too
 
+    questions = load_prompts(dataset_path(args.dataset), args.categories.split(","), args.per_category)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t = registry.resolve(args.target, weights=False)
     d = registry.resolve(args.draft, weights=False)
     target = LlamaCppModel.load(str(t.gguf_path), tokenizer_path=t.hf_path, name=t.name, n_threads=args.threads)
     draft = LlamaCppModel.load(str(d.gguf_path), tokenizer_path=d.hf_path, name=d.name, n_threads=args.threads)
-    questions = load_prompts(dataset_path(None), args.categories.split(","), args.per_category)
     binary = Path(args.bin_dir) / "llama-server"
     with ExitStack() as stack:
         endpoints, commands = {}, {}

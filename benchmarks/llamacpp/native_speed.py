@@ -1,16 +1,19 @@
 """Plain decoding speed: verispec `--k 0` against native `llama-bench`, interleaved in one run.
 
-Each repeat runs, in turn: `llama-bench -p 512 -n 128 -t T` (native prefill of a 512-token
-prompt and decode of 128 tokens, llama.cpp's default settings), then verispec in this
-process with its default settings (no environment variables; batch-invariant mode as
-shipped) and, for reference, with `batch_invariant=False`:
+Each repeat runs, in turn: `llama-bench -p 512 -n 128 -t T --repack 0` (native prefill of a
+512-token prompt and decode of 128 tokens), then verispec in this process with its default
+settings (no environment variables; batch-invariant mode as shipped, which loads without
+extra buffer types, i.e. without repacking):
 
     prefill  a 512-token prompt (511 tokens prefilled, the last one is fed by the first
              round, as in every generation): 511 / Stats.prefill_seconds
     decode   128 new tokens, greedy, k = 0, from a short prompt (llama-bench's tg128 starts
              from an empty context): new_tokens / (wall - prefill)
 
-The figures are tokens per second; the ratios are verispec / llama-bench of the same
+`--repack 0` (`--native-args`): on the VM this was measured on, llama.cpp's default extra
+buffer types use AMX tiles, which its kernel does not grant (SIGILL in `tilezero`), so the
+native tools cannot run with their defaults there; without repacking they run the same
+weights layout verispec does. The figures are tokens per second; the ratios are verispec / llama-bench of the same
 repeat, reported as median and range over repeats. Run it under the project's lock:
 
     flock /tmp/verispec-heavy.lock .venv/bin/python benchmarks/llamacpp/native_speed.py \
@@ -37,10 +40,10 @@ CODE = ("Write a complete Python module implementing a red-black tree with inser
         "in-order traversal and validation methods, each with a docstring and type hints.")
 
 
-def llama_bench(binary: Path, model: str, threads: int, reps: int) -> dict:
+def llama_bench(binary: Path, model: str, threads: int, reps: int, extra: list[str]) -> dict:
     """llama-bench's mean tokens/s for pp512 and tg128 (its JSON output)."""
     out = subprocess.run([str(binary), "-m", model, "-p", "512", "-n", "128", "-t", str(threads),
-                          "-r", str(reps), "-o", "json"], check=True, capture_output=True, text=True)
+                          "-r", str(reps), "-o", "json", *extra], check=True, capture_output=True, text=True)
     rows = json.loads(out.stdout)
     got = {}
     for r in rows:
@@ -68,13 +71,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bench-reps", type=int, default=2, help="llama-bench -r per repeat")
+    ap.add_argument("--native-args", default="--repack 0", help="more llama-bench arguments")
     ap.add_argument("--out", default=None, help="write the figures here as JSON")
     args = ap.parse_args()
 
     t = registry.resolve(args.target, weights=False)
-    variants = {"verispec": LlamaCppModel.load(str(t.gguf_path), tokenizer_path=t.hf_path, name=t.name),
-                "verispec-no-batch-invariant": LlamaCppModel.load(
-                    str(t.gguf_path), tokenizer_path=t.hf_path, name=t.name, batch_invariant=False)}
+    variants = {"verispec": LlamaCppModel.load(str(t.gguf_path), tokenizer_path=t.hf_path, name=t.name)}
     decoders = {k: SpeculativeDecoder(m, None, drafter="none") for k, m in variants.items()}
     any_decoder = decoders["verispec"]
     short_ids = any_decoder.encode(CODE)
@@ -87,7 +89,7 @@ def main() -> None:
     repeats = []
     for i in range(args.repeats):
         row = {"llama-bench": llama_bench(Path(args.bin_dir) / "llama-bench", str(t.gguf_path),
-                                          args.threads, args.bench_reps)}
+                                          args.threads, args.bench_reps, args.native_args.split())}
         for name, d in decoders.items():
             row[name] = verispec_speeds(d, long_ids, short_ids)
         repeats.append(row)
