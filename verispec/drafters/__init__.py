@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from ..models.base import CausalLM
 from .automaton import SuffixAutomaton
-from .base import Confidence, Drafter, DraftSampler, point_masses
+from .base import (Confidence, Drafter, DraftSampler, SupportsCalibrate, SupportsCatchup,
+                   SupportsConfidences, point_masses)
 from .lookup import LookupDrafter
 from .model import ModelDrafter
 from .suffix import SERVE_CACHE_TOKENS, SuffixCache, SuffixDrafter
@@ -28,6 +29,9 @@ __all__ = [
     "SuffixAutomaton",
     "SuffixCache",
     "SuffixDrafter",
+    "SupportsCalibrate",
+    "SupportsCatchup",
+    "SupportsConfidences",
     "build_drafters",
     "check_drafter_choice",
     "point_masses",
