@@ -24,22 +24,25 @@ Assumptions, all stated in the rooms that make them:
   does not depend on the hardware; α is the pair's, T is the machine's;
 * the draft runs on the same devices, one forward per draft token; prompt lookup costs 0.
 
-Rooms: :mod:`.shapes` (model sizes: presets, config.json, GGUF), :mod:`.presets`,
-:mod:`.hardware` (catalogue ``hardware.csv`` and ``--hardware`` specs), :mod:`.local`
+Rooms: :mod:`.shapes` (model sizes: config.json, GGUF, dtypes), :mod:`.presets` (well-known
+models by name, HF id or Ollama name), :mod:`.resolve` (``--target``/``--draft`` → sizes),
+:mod:`.device` (one machine), :mod:`.hardware` (catalogue ``hardware.csv`` and ``--hardware``
+specs), :mod:`.local`
 (micro-benchmarks of this machine), :mod:`.roofline` (one forward), :mod:`.stacks`
 (software overheads), :mod:`.fit` (fit a stack to measured curves), :mod:`.planner`
 (the plan), :mod:`.project` (an analysis.json onto other hardware).
 """
 
-from .hardware import Hardware, catalogue, parse_hardware
+from .device import Hardware
+from .hardware import catalogue, lookup, parse_hardware
 from .planner import Plan, alpha_from_tau, break_even_alpha, ceiling, plan
 from .presets import PRESETS, get_preset, preset_names
 from .project import load_analysis_alphas, project_analysis
 from .roofline import ForwardTime, Stack, forward_time
+from .resolve import load_shape
 from .shapes import (
     ModelShape,
     dtype_bits,
-    load_shape,
     shape_from_config,
     shape_from_dims,
     shape_from_gguf,
@@ -64,6 +67,7 @@ __all__ = [
     "get_stack",
     "load_analysis_alphas",
     "load_shape",
+    "lookup",
     "parse_hardware",
     "plan",
     "preset_names",

@@ -25,8 +25,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from .hardware import Hardware
+from .device import Hardware
 from .roofline import Stack, forward_time
+from .resolve import load_shape
 from .shapes import ModelShape
 
 __all__ = ["FIT_PARAMS", "LOCAL_PARAMS", "calibrate", "fit_stack", "measure_curve"]
@@ -139,8 +140,7 @@ def calibrate(models: Sequence[str], backend: str, hardware: Hardware, *, contex
     Raises:
         ValueError: for a model that cannot be loaded or sized, or an unknown backend.
     """
-    from ..api import load_model
-    from .shapes import load_shape
+    from ..api import load_model   # torch and the backends: loaded only when calibrating
 
     start = time.perf_counter()
     curves, raw = [], {}

@@ -20,7 +20,7 @@ import platform
 import time
 from functools import lru_cache
 
-from .hardware import Hardware
+from .device import Hardware
 
 __all__ = ["local_hardware", "measure_bandwidth", "measure_flops", "physical_memory"]
 
@@ -66,6 +66,20 @@ def physical_memory() -> float | None:
         return None
 
 
+def _cpu_vector() -> str:
+    """The widest SIMD extension /proc/cpuinfo lists ("avx512", "avx2", "neon"), or ""."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith(("flags", "Features"))), [])
+    except OSError:
+        flags = []
+    for flag, name in (("avx512f", "avx512"), ("avx2", "avx2"), ("asimd", "neon"), ("neon", "neon")):
+        if flag in flags:
+            return name
+    return "neon" if platform.machine() in ("arm64", "aarch64") else ""
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -86,5 +100,5 @@ def local_hardware() -> Hardware:
     flops = measure_flops()
     name = f"local ({_cpu_name()}, {torch.get_num_threads()} threads)"
     return Hardware(name=name, bandwidth=bw, flops=flops, memory=physical_memory(), n_devices=1,
-                    source=f"measured {time.strftime('%Y-%m-%d %H:%M')}: torch.sum over 1 GiB float32, "
+                    kind="cpu", vector=_cpu_vector(), source=f"measured {time.strftime('%Y-%m-%d %H:%M')}: torch.sum over 1 GiB float32, "
                            f"torch.mm 1024^3 float32, best of 5")
