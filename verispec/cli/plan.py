@@ -253,7 +253,8 @@ def plan(
                                   **alpha_kw, **kwargs)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e), as_json)
-    draft_name = result.draft.name if result.draft is not None else None
+    # the deploy strings name the draft as the user wrote it (a Hugging Face id or a path serves as is)
+    draft_name = None if result.draft is None else (draft or result.draft.name)
     deploy = {"vllm_speculative_config": server_alpha.vllm_speculative_config(max(result.k_star, 1), draft_name),
               "llama_server_flags": server_alpha.llama_server_flags(max(result.k_star, 1), draft_name)}
     if served is not None:
