@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from .device import Hardware
 from .roofline import Stack, forward_time
@@ -90,8 +91,6 @@ def _fit_continuous(curves, hardware: Hardware, context: int, base: Stack,
                     params: Sequence[str]) -> tuple[Stack, np.ndarray]:
     """Least-squares fit of ``params`` from every combination of their starting values;
     returns the best stack and its log residuals."""
-    from scipy.optimize import least_squares
-
     logs = [np.log(np.asarray(times, dtype=float)) for _, times in curves]
 
     def make(x: np.ndarray) -> Stack:
@@ -119,7 +118,7 @@ def measure_curve(model, n_max: int = 8, context: int = 200, repeats: int = 5, w
     ``model`` is a loaded :class:`verispec.models.base.CausalLM`; timing is
     :func:`verispec.timing.time_forwards` (repeats interleaved over n, cache rolled back).
     """
-    from ..timing import time_forwards
+    from ..timing import time_forwards   # the backends' base class (torch): loaded only when calibrating
 
     vocab = max(2, min(model.vocab_size, 30000))
     ids = [(1000 + 37 * i) % vocab for i in range(context + n_max)]

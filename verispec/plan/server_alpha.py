@@ -39,6 +39,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from scipy.stats import beta, norm
@@ -262,8 +263,6 @@ def fetch_metrics(url: str, timeout: float = 10.0) -> str:
     Raises:
         ValueError: naming ``--metrics-url`` when the URL is malformed, unreachable or not 200.
     """
-    import httpx
-
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"--metrics-url must be an http(s) URL such as http://host:8000/metrics, got {url!r}")
     try:

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .gguf_header import read_gguf_header
+
 __all__ = [
     "DTYPE_BITS",
     "ModelShape",
@@ -322,9 +324,7 @@ def shape_from_gguf(path: str | os.PathLike, name: str | None = None, dtype: str
         ValueError: when the file is not a readable GGUF, lacks a needed key, or is a
             mixture of experts (``{arch}.expert_count`` > 0).
     """
-    from gguf import LlamaFileType
-
-    from .gguf_header import read_gguf_header
+    from gguf import LlamaFileType   # the optional GGUF reader, imported only for a .gguf
 
     path = Path(path).expanduser()
     if not path.is_file():
