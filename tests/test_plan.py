@@ -368,6 +368,11 @@ def test_fit_recovers_a_known_stack_from_curves_it_generated():
         assert forward_time(big, hw, fitted, n, 200).total_s == pytest.approx(
             forward_time(big, hw, truth, n, 200).total_s, rel=0.02)
     assert "RMS log error" in fitted.source
+    assert fitted.sigma_log_time < 0.02 and fitted.sigma_log_ratio < 0.02     # exact curves: no scatter left
+    # a curve with a 20 % bump at one n leaves scatter for the intervals to widen with
+    bumped = [(shape, [t * (1.2 if n == 6 else 1.0) for n, t in enumerate(times, 1)]) for shape, times in curves]
+    noisy = fit_stack(bumped, hw, context=200, params=LOCAL_PARAMS)
+    assert 0.03 < noisy.sigma_log_ratio < 0.2 and noisy.sigma_log_time > 0.02
     with pytest.raises(ValueError, match="params must be"):
         fit_stack(curves, hw, context=200, params=("warp",))
 

@@ -82,9 +82,16 @@ def fit_stack(curves: Sequence[tuple[ModelShape, Sequence[float]]], hardware: Ha
             raise ValueError(f"{shape.name}: measured times must be positive and finite")
     stack, residuals = _fit_continuous(curves, hardware, context, replace(base or Stack(name), name=name), params)
     rms = float(np.sqrt(np.mean(residuals ** 2)))
+    # the scatter that remains, for prediction intervals: of log T(n)/T(1), and of log T
+    ratio_res, start = [], 0
+    for _, times in curves:
+        res = residuals[start:start + len(times)]
+        ratio_res.extend(res[1:] - res[0])
+        start += len(times)
+    ratio_rms = float(np.sqrt(np.mean(np.square(ratio_res)))) if ratio_res else rms
     names = ", ".join(shape.name for shape, _ in curves)
-    return replace(stack, source=f"fitted to {names} on {hardware.name} at context {context}: "
-                                 f"RMS log error {rms:.3f}")
+    return replace(stack, sigma_log_ratio=ratio_rms, sigma_log_time=rms,
+                   source=f"fitted to {names} on {hardware.name} at context {context}: RMS log error {rms:.3f}")
 
 
 def _fit_continuous(curves, hardware: Hardware, context: int, base: Stack,
