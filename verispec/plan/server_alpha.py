@@ -249,7 +249,8 @@ def read_acceptance(text: str, model_name: str | None = None, level: float = 0.8
     tau = 1.0 + sum(accepted) / drafts
     notes = [f"{prefix} counters{' for model ' + model_name if model_name else ''}: {drafts} rounds with drafts, "
              f"{draft_tokens} draft tokens, k = {K} on the server; α_i = A_(i-1)/A_(i-2) (Jeffreys {level:.0%} "
-             f"intervals); τ = {tau:.3f}"]
+             f"intervals); τ = {tau:.3f}",
+             "this α is the server's drafter's against its target: a plan with another draft model needs that pair's α"]
     if prefix == "verispec":
         notes.append("verispec serve drafts adaptively: rounds with shorter drafts count as rejections at the "
                      "positions they never reached, so deep α are lower bounds")
