@@ -34,7 +34,6 @@ import json
 import math
 import statistics
 import sys
-from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
@@ -71,7 +70,7 @@ def load(path: Path) -> list[dict]:
 
 def stack_from(name: str, params: list[tuple], x) -> Stack:
     base = Stack(name, overlap=0.0, small_batch_rows=SMALL_BATCH_ROWS if name != "llamacpp-cpu" else 0)
-    fields = {p[0]: (float(v) if p[0] != "per_forward_s" else float(v)) for p, v in zip(params, x)}
+    fields = {p[0]: float(v) for p, v in zip(params, x)}
     if "compute_efficiency" not in fields:
         fields["compute_efficiency"] = fields["small_batch_compute_efficiency"]
     return replace(base, **fields)

@@ -12,7 +12,6 @@ from rich.table import Table
 
 from .common import err, fail
 
-
 ALPHA_HELP = ("speculative decoding needs the acceptance rate α: the probability that the target accepts a "
               "draft token (Σ min(p, q), 0 < α < 1), which belongs to the model pair and the text. Give one of "
               "--alpha 0.7 (a guess), --tau (mean tokens per round you measured), --alpha-from analysis.json "

@@ -45,8 +45,8 @@ from .hardware import catalogue, lookup, parse_hardware
 from .planner import Plan, alpha_from_tau, break_even_alpha, ceiling, plan
 from .presets import PRESETS, get_preset, preset_names
 from .project import load_analysis_alphas, project_analysis
-from .roofline import ForwardTime, Stack, forward_time
 from .resolve import load_shape
+from .roofline import ForwardTime, Stack, forward_time
 from .shapes import (
     ModelShape,
     dtype_bits,

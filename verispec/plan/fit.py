@@ -27,8 +27,8 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from .device import Hardware
-from .roofline import Stack, forward_time
 from .resolve import load_shape
+from .roofline import Stack, forward_time
 from .shapes import ModelShape
 
 __all__ = ["FIT_PARAMS", "LOCAL_PARAMS", "calibrate", "fit_stack", "measure_curve"]
@@ -125,7 +125,8 @@ def measure_curve(model, n_max: int = 8, context: int = 200, repeats: int = 5, w
     ``model`` is a loaded :class:`verispec.models.base.CausalLM`; timing is
     :func:`verispec.timing.time_forwards` (repeats interleaved over n, cache rolled back).
     """
-    from ..timing import time_forwards   # the backends' base class (torch): loaded only when calibrating
+    # the backends' base class (torch): loaded only when calibrating
+    from ..timing import time_forwards
 
     vocab = max(2, min(model.vocab_size, 30000))
     ids = [(1000 + 37 * i) % vocab for i in range(context + n_max)]
@@ -146,7 +147,7 @@ def calibrate(models: Sequence[str], backend: str, hardware: Hardware, *, contex
     Raises:
         ValueError: for a model that cannot be loaded or sized, or an unknown backend.
     """
-    from ..api import load_model   # torch and the backends: loaded only when calibrating
+    from ..api import load_model  # torch and the backends: loaded only when calibrating
 
     start = time.perf_counter()
     curves, raw = [], {}

@@ -23,8 +23,8 @@ from ..theory import CostCurve, expected_tokens, expected_tokens_positional
 from .device import Hardware
 from .hardware import parse_hardware
 from .intervals import PlanInterval, speedup_interval
-from .roofline import ForwardTime, Stack, forward_time
 from .resolve import load_shape
+from .roofline import ForwardTime, Stack, forward_time
 from .shapes import ModelShape
 from .stacks import default_stack, get_stack
 

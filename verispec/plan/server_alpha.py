@@ -204,7 +204,7 @@ def read_acceptance(text: str, model_name: str | None = None, level: float = 0.8
         raise ValueError(f"--metrics-url: not a Prometheus text page ({e})") from e
     for family in families:
         prefix, _, name = family.name.partition(":")
-        name = name[: -len("_total")] if name.endswith("_total") else name
+        name = name.removesuffix("_total")
         if prefix in found and name in _COUNTERS:
             for sample in family.samples:
                 if sample.name.endswith("_total"):

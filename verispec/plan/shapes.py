@@ -86,7 +86,7 @@ _DTYPE_ALIASES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "tor
 
 def _dtype_key(dtype: str) -> str:
     key = str(dtype).strip().lower().replace("-", "_")
-    key = key[len("mostly_"):] if key.startswith("mostly_") else key
+    key = key.removeprefix("mostly_")
     return _DTYPE_ALIASES.get(key, key)
 
 
@@ -324,7 +324,8 @@ def shape_from_gguf(path: str | os.PathLike, name: str | None = None, dtype: str
         ValueError: when the file is not a readable GGUF, lacks a needed key, or is a
             mixture of experts (``{arch}.expert_count`` > 0).
     """
-    from gguf import LlamaFileType   # the optional GGUF reader, imported only for a .gguf
+    # the optional GGUF reader, imported only for a .gguf
+    from gguf import LlamaFileType
 
     path = Path(path).expanduser()
     if not path.is_file():
