@@ -390,3 +390,13 @@ def test_calibrate_fits_a_stack_to_a_real_models_curve():
     assert "fitted to smollm2-135m" in stack.source
     p = plan("qwen2.5-1.5b", "qwen2.5-0.5b", hw, alpha=0.7, stack=stack, dtype="float32", k_max=3)
     assert p.stack is stack and len(p.target_times) == 4
+
+
+def test_calibrate_clock_is_checked_before_any_model_loads():
+    from verispec.plan.fit import calibrate
+
+    hw = Hardware("cpu", bandwidth=20e9, flops=200e9)
+    with pytest.raises(ValueError, match="--calibrate-clock thread needs --backend llamacpp"):
+        calibrate(["smollm2-135m"], "transformers", hw, clock="thread")
+    with pytest.raises(ValueError, match="--calibrate-clock must be wall or thread"):
+        calibrate(["smollm2-135m"], "llamacpp", hw, clock="sundial")

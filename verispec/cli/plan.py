@@ -176,6 +176,8 @@ def plan(
     level: float = typer.Option(0.8, "--level", help="prediction interval level"),
     calibrate: list[str] = typer.Option([], "--calibrate", help="with --hardware local: registered model(s) whose "
                                         "measured cost curve fits the stack (repeat the flag for several)"),
+    calibrate_clock: str = typer.Option("wall", "--calibrate-clock", help="wall, or thread: one llama.cpp thread "
+                                        "timed in CPU seconds (steady on a busy shared machine)"),
     backend: str = typer.Option("llamacpp", "--backend", help="backend --calibrate times: llamacpp or transformers "
                                 "(transformers: models are sized as float32 unless --dtype)"),
     as_json: bool = typer.Option(False, "--json", help="print the plan (or the error) as JSON"),
@@ -227,9 +229,15 @@ def plan(
             if backend == "transformers" and dtype is None:   # the stack was fitted on float32 models
                 kwargs["dtype"] = "float32"
 
+            if calibrate_clock == "thread":
+                from ..plan.local import local_hardware
+
+                hw = local_hardware("thread")
             with err.status(f"timing {', '.join(calibrate)} on {backend} to fit the stack"):
-                stack_obj, _ = fit_local(calibrate, backend, hw)
+                stack_obj, measured = fit_local(calibrate, backend, hw, clock=calibrate_clock)
             err.print(f"fitted stack: {stack_obj}")
+            for name, times in measured["curves"].items():
+                err.print(f"measured {name}: T(n)/T(1) = " + ", ".join(f"{t / times[0]:.3f}" for t in times))
         else:
             stack_obj = stack
         if alpha_from is not None:
