@@ -34,7 +34,7 @@ def test_vllm_page_gives_conditional_alpha_per_position_with_jeffreys_intervals(
 
 
 def test_the_model_name_label_is_optional_and_selects_among_models():
-    bare = re.sub(r'\{engine="0",model_name="[^"]*",?', "{", VLLM).replace("{}", "")
+    bare = re.sub(r'\{model_name="[^"]*",engine="0",?', "{", VLLM).replace("{}", "")
     assert "model_name" not in bare
     assert read_acceptance(bare).accepted_per_position == [960, 720, 504]
     two = VLLM + VLLM.replace(MODEL, "other").replace("960.0", "100.0")
