@@ -28,6 +28,7 @@ a sequence's logits must not depend on what else is in the forward. Three things
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -117,6 +118,7 @@ class LlamaCppBatchModel:
         self._batch = lib.llama_batch_init(N_BATCH, 0, 1)
         self._views: dict[int, SequenceView] = {}
         self.decodes = 0
+        self.lock = threading.RLock()   # every llama.cpp call on the context holds it
 
     @classmethod
     def load(cls, gguf_path: str, *, n_seq_max: int = 4, n_ctx_per_seq: int = 4096,
@@ -172,13 +174,19 @@ class LlamaCppBatchModel:
         """Slots no open view holds, lowest first."""
         return [s for s in range(self.n_seq_max) if s not in self._views]
 
-    def open(self, slot: int | None = None) -> SequenceView:
+    def open(self, slot: int | None = None, view_type: type[SequenceView] = SequenceView) -> SequenceView:
         """A view on a free slot (the lowest, or `slot`), its cache empty.
+
+        `view_type` builds it (a `SequenceView` subclass, called as view_type(self, slot)).
 
         Raises:
             RuntimeError: every slot is taken (close a view first).
             ValueError: `slot` is out of range or taken.
         """
+        with self.lock:
+            return self._open(slot, view_type)
+
+    def _open(self, slot: int | None, view_type: type[SequenceView]) -> SequenceView:
         free = self.free_slots
         if slot is None:
             if not free:
@@ -188,19 +196,22 @@ class LlamaCppBatchModel:
         elif slot not in free:
             raise ValueError(f"slot {slot} is not free (free: {free}; 0 <= slot < {self.n_seq_max})")
         self._lib.llama_memory_seq_rm(self._mem, slot, -1, -1)
-        view = self._views[slot] = SequenceView(self, slot)
+        view = self._views[slot] = view_type(self, slot)
         return view
 
     def close(self, view: SequenceView) -> None:
         """Empty `view`'s slot and free it (idempotent)."""
-        if self._views.get(view.slot) is view:
-            self._lib.llama_memory_seq_rm(self._mem, view.slot, -1, -1)
-            del self._views[view.slot]
+        with self.lock:
+            if self._views.get(view.slot) is view:
+                self._lib.llama_memory_seq_rm(self._mem, view.slot, -1, -1)
+                del self._views[view.slot]
         view.closed = True
         view.tokens.clear()
 
     def _seq_rm(self, slot: int, length: int) -> None:
-        if not self._lib.llama_memory_seq_rm(self._mem, slot, length, -1):
+        with self.lock:
+            done = self._lib.llama_memory_seq_rm(self._mem, slot, length, -1)
+        if not done:
             raise RuntimeError(f"{self.name}: llama.cpp refused to roll slot {slot} back to {length}")
 
     # -- forwards -----------------------------------------------------------
@@ -251,6 +262,10 @@ class LlamaCppBatchModel:
         Prefills (keep == 1, more than max_rows tokens) run alone in N_BATCH pieces; every
         other row is packed, in slot order, into decodes of at most `max_rows` rows.
         """
+        with self.lock:
+            return self._decode_locked(plan)
+
+    def _decode_locked(self, plan: dict[int, tuple[list[int], int]]) -> dict[int, torch.Tensor]:
         kept: dict[int, list[np.ndarray]] = {slot: [] for slot in plan}
         packed: list[tuple[int, int, int, bool]] = []     # (slot, token, pos, logits?)
         for slot, (tokens, keep) in sorted(plan.items()):
@@ -287,7 +302,9 @@ class LlamaCppBatchModel:
 
     def free(self) -> None:
         """Release llama.cpp's context, model and batch (the object is unusable afterwards)."""
-        if self._ctx is not None:
+        with self.lock:
+            if self._ctx is None:
+                return
             self._lib.llama_batch_free(self._batch)
             self._lib.llama_free(self._ctx)
             self._lib.llama_model_free(self._model)
