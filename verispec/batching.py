@@ -19,10 +19,11 @@ output equals the solo greedy output token for token, and a seeded sample equals
 seeded solo sample (under the coupled rule for any k; under the standard rule for the same
 drafts). Only wall times (the policy's cost observations) depend on the company.
 
-k for the load: before each round the driver tells a request's cost model how many rows
-the other requests put in the last forward (`OnlineCostCurve.other_rows`), so an adaptive
-policy prices its verification at T_t(R + k + 1) against T_t(R + 1) and drafts less as the
-forward fills up (`verispec.policy.costs`).
+k for the load: after each shared forward the driver tells every request's cost model how
+many sequences shared it and how many rows the others put in it
+(`OnlineCostCurve.set_load`): the round's time is filed under the forward's total rows, and
+an adaptive policy prices its next round with the planner's batch maths, T_t(B) for a plain
+step against T_t(B(k+1)) for k drafts, so it drafts less as the forward fills up.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 from .decoding import DecodeResult, Policy, RoundRecord, decode
 from .models.llamacpp_batch import LlamaCppBatchModel, SequenceView
+from .policy.costs import OnlineCostCurve
 from .sampling import Randomness, SamplingConfig
 from .verify import Rule, standard
 
@@ -224,11 +226,11 @@ class BatchedRounds:
                 batch, self._parked = self._parked, {}
                 slots = {r: self._live[r].slot for r in batch}
             total = sum(len(tokens) for tokens, _ in batch.values())
-            for request, (tokens, _) in batch.items():
+            for request, (tokens, _) in batch.items():   # each request is parked: its policy idles
                 request.rows_last_round = len(tokens)
                 costs = getattr(request.policy, "costs", None)
-                if costs is not None and hasattr(costs, "other_rows"):
-                    costs.other_rows = total - len(tokens)
+                if isinstance(costs, OnlineCostCurve):
+                    costs.set_load(sequences=len(batch), other_rows=total - len(tokens))
             try:
                 logits = self.model._decode({slots[r]: plan for r, plan in batch.items()})
                 answers = {r: logits[slots[r]] for r in batch}
