@@ -131,3 +131,31 @@ def test_cancelled_request_leaves_the_others_exact(solo, model):
     assert sum(len(b) for b in rounds) < len(want[0])
     driver.close()
     assert model.free_slots == [0, 1, 2]
+
+
+def test_a_long_prefill_in_chunks_does_not_stall_the_others(solo, model):
+    from verispec.batching import BatchedRounds
+
+    long_prompt = " ".join(PROMPTS) * 4
+    specs = [dict(prompt=PROMPTS[0], k=3), dict(prompt=PROMPTS[2], k=0),
+             dict(prompt=long_prompt, k=2, max_new_tokens=10)]
+    want = [_solo(solo, _job(solo, **s)) for s in specs]
+    assert len(solo.tokenizer.encode(long_prompt)) > 150
+    driver = BatchedRounds(model, prefill_chunk=16)
+    events, started = [], threading.Event()
+    handles = []
+    for i, spec in enumerate(specs[:2]):
+        job = _job(solo, **spec)
+        handles.append(driver.submit(job.pop("prompt"), job.pop("policy"), **job,
+                                     on_commit=lambda b, i=i: (events.append(i), started.set())))
+    assert started.wait(WAIT)
+    events.append("long submitted")
+    job = _job(solo, **specs[2])
+    handles.append(driver.submit(job.pop("prompt"), job.pop("policy"), **job,
+                                 on_commit=lambda b: events.append("long")))
+    assert [h.result(WAIT).tokens for h in handles] == want
+    driver.close()
+    during = events[events.index("long submitted"):events.index("long")]
+    assert len([e for e in during if e in (0, 1)]) >= 4     # others committed during its prefill
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        BatchedRounds(model, prefill_chunk=0)

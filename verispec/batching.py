@@ -105,13 +105,24 @@ class BatchedRounds:
     Args:
         model: the multi-sequence target; at most `model.n_seq_max` requests decode at
             once, the others wait in arrival order for a slot.
+        prefill_chunk: most prompt tokens of one request's prefill run per round (None:
+            the whole prompt at once). A long prompt then does not stall the others'
+            rounds; its prefill runs in pieces of this size, which equals the solo run
+            exactly where llama.cpp's prefill kernels do not depend on the piece size
+            (not so for K-quant weights above 7 rows: the tiled matmul; keep None there,
+            or a multiple of 512 - docs/exactness.md).
 
     Use `submit` from any thread, `result()` on what it returns, and `close()` at the end
     (it waits for the running requests).
     """
 
-    def __init__(self, model: LlamaCppBatchModel) -> None:
+    def __init__(self, model: LlamaCppBatchModel, prefill_chunk: int | None = None) -> None:
+        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(
+                prefill_chunk, int) or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be an integer >= 1 or None, got {prefill_chunk!r}")
         self.model = model
+        self.prefill_chunk = prefill_chunk
+        self._prefilled: dict[BatchedRequest, int] = {}   # prompt rows already run, per request
         self._cond = threading.Condition()
         self._queue: list[BatchedRequest] = []
         self._live: dict[BatchedRequest, _ParkedView] = {}
@@ -223,20 +234,33 @@ class BatchedRounds:
                                                                and not self._queue))
                 if not self._ready():
                     return
-                batch, self._parked = self._parked, {}
-                slots = {r: self._live[r].slot for r in batch}
-            total = sum(len(tokens) for tokens, _ in batch.values())
-            for request, (tokens, _) in batch.items():   # each request is parked: its policy idles
-                request.rows_last_round = len(tokens)
+                parked, self._parked = self._parked, {}
+                slots = {r: self._live[r].slot for r in parked}
+            batch, unfinished = {}, {}
+            for request, (tokens, keep) in parked.items():
+                done = self._prefilled.get(request, 0)
+                chunk = self.prefill_chunk
+                if chunk is not None and keep == 1 and len(tokens) - done > chunk:
+                    batch[request] = (tokens[done:done + chunk], 0, done)   # no logits yet
+                    unfinished[request] = (tokens, keep)
+                    self._prefilled[request] = done + chunk
+                else:
+                    batch[request] = (tokens[done:], keep, done)
+                    self._prefilled.pop(request, None)
+            total = sum(len(plan[0]) for plan in batch.values())
+            for request, plan in batch.items():   # each request is parked: its policy idles
+                request.rows_last_round = len(plan[0])
                 costs = getattr(request.policy, "costs", None)
                 if isinstance(costs, OnlineCostCurve):
-                    costs.set_load(sequences=len(batch), other_rows=total - len(tokens))
+                    costs.set_load(sequences=len(batch), other_rows=total - len(plan[0]))
             try:
                 logits = self.model._decode({slots[r]: plan for r, plan in batch.items()})
-                answers = {r: logits[slots[r]] for r in batch}
+                answers = {r: logits[slots[r]] for r in batch if r not in unfinished}
             except BaseException as e:   # noqa: BLE001 - every request in the forward gets it
                 answers = {r: e for r in batch}
+                unfinished = {}
             self.forwards += 1
             with self._cond:
                 self._answers.update(answers)
+                self._parked.update(unfinished)   # still parked: the rest of its prompt next round
                 self._cond.notify_all()

@@ -256,29 +256,32 @@ class LlamaCppBatchModel:
             out[view] = logits[view.slot]
         return out
 
-    def _decode(self, plan: dict[int, tuple[list[int], int]]) -> dict[int, torch.Tensor]:
-        """Run the rows of `plan` (slot -> (tokens, keep)); positions start at each view's length.
+    def _decode(self, plan: dict[int, tuple]) -> dict[int, torch.Tensor]:
+        """Run the rows of `plan`: slot -> (tokens, keep) or (tokens, keep, offset).
 
-        Prefills (keep == 1, more than max_rows tokens) run alone in N_BATCH pieces; every
+        Positions start at len(view.tokens) + offset (offset: rows of this forward already
+        run by earlier calls, a prefill in chunks); keep = 0 returns no rows ([0, V]).
+        Prefills (keep <= 1, more than max_rows tokens) run alone in N_BATCH pieces; every
         other row is packed, in slot order, into decodes of at most `max_rows` rows.
         """
         with self.lock:
             return self._decode_locked(plan)
 
-    def _decode_locked(self, plan: dict[int, tuple[list[int], int]]) -> dict[int, torch.Tensor]:
+    def _decode_locked(self, plan: dict[int, tuple]) -> dict[int, torch.Tensor]:
         kept: dict[int, list[np.ndarray]] = {slot: [] for slot in plan}
         packed: list[tuple[int, int, int, bool]] = []     # (slot, token, pos, logits?)
-        for slot, (tokens, keep) in sorted(plan.items()):
-            n_past = len(self._views[slot].tokens)
+        for slot, (tokens, keep, *offset) in sorted(plan.items()):
+            n_past = len(self._views[slot].tokens) + (offset[0] if offset else 0)
             rows = [(slot, t, n_past + i, i >= len(tokens) - keep) for i, t in enumerate(tokens)]
-            if keep == 1 and len(tokens) > self.max_rows:
+            if keep <= 1 and len(tokens) > self.max_rows:
                 for s in range(0, len(rows), N_BATCH):
                     self._run(rows[s:s + N_BATCH], kept)
             else:
                 packed.extend(rows)
         for s in range(0, len(packed), self.max_rows):
             self._run(packed[s:s + self.max_rows], kept)
-        return {slot: torch.from_numpy(np.stack([r for r in kept[slot]])) for slot in plan}
+        return {slot: torch.from_numpy(np.stack(kept[slot]) if kept[slot]
+                                       else np.zeros((0, self.vocab_size), np.float32)) for slot in plan}
 
     def _run(self, rows: list[tuple[int, int, int, bool]], kept: dict[int, list[np.ndarray]]) -> None:
         """One llama_decode over `rows`; appends the wanted rows' logits to kept[slot]."""
