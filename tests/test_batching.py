@@ -42,7 +42,7 @@ def model():
     m.free()
 
 
-def _job(solo, prompt, *, k, temperature=0.0, seed=0, rule="standard", max_new_tokens=40):
+def _job(solo, prompt, *, k, temperature=0.0, seed=0, rule="standard", max_new_tokens=40, stop=None):
     """Everything one request needs, fresh (its own drafters, policy and randomness)."""
     from verispec.drafters import build_drafters
     from verispec.policy import make_policy
@@ -52,7 +52,7 @@ def _job(solo, prompt, *, k, temperature=0.0, seed=0, rule="standard", max_new_t
     drafters = build_drafters("lookup", None)
     return dict(prompt=solo.tokenizer.encode(prompt), policy=make_policy(k, drafters),
                 sampling=SamplingConfig(temperature=temperature, eos_token_ids=solo.eos_token_ids),
-                max_new_tokens=max_new_tokens, rng=SeededRandomness(seed), rule=RULES[rule])
+                max_new_tokens=max_new_tokens, rng=SeededRandomness(seed), rule=RULES[rule], stop=stop)
 
 
 def _solo(solo, job, logits=None):
@@ -75,7 +75,9 @@ def _same_logits(got, want):
 JOBS = [dict(prompt=PROMPTS[0], k=3), dict(prompt=PROMPTS[1], k=0, max_new_tokens=8),
         dict(prompt=PROMPTS[2], k=2, temperature=0.8, seed=5, rule="gumbel"),
         dict(prompt=PROMPTS[3], k="auto"), dict(prompt=PROMPTS[0], k=5, temperature=1.0, seed=11,
-                                               rule="gumbel", max_new_tokens=30)]
+                                               rule="gumbel", max_new_tokens=30),
+        dict(prompt=PROMPTS[3], k=2, temperature=0.9, seed=7, rule="standard", max_new_tokens=24),
+        dict(prompt=PROMPTS[1], k=3, stop=lambda out: len(out) >= 6)]   # a stop rule ends it
 
 
 def test_staggered_requests_equal_their_solo_runs(solo, model):
@@ -94,7 +96,7 @@ def test_staggered_requests_equal_their_solo_runs(solo, model):
 
     submit(0, on_commit=lambda block: started.set())
     assert started.wait(WAIT)                 # the others join a running sequence
-    for i in range(1, len(JOBS)):             # 5 requests, 3 slots: two wait, then reuse slots
+    for i in range(1, len(JOBS)):             # 7 requests, 3 slots: four wait, then reuse slots
         submit(i)
     got = [h.result(WAIT).tokens for h in handles]
     driver.close()
@@ -104,7 +106,8 @@ def test_staggered_requests_equal_their_solo_runs(solo, model):
             _same_logits(logits[i], solo_logits[i])
     assert driver.max_live == 3
     assert driver.forwards < sum(len(w) for w in want)     # forwards were shared
-    assert sorted(h.slot for h in handles[3:]) != [3, 4]   # queued requests reused slots 0..2
+    assert {h.slot for h in handles} == {0, 1, 2}          # queued requests reused slots 0..2
+    assert handles[-1].result().stats.finish_reason == "stop_string"
 
 
 def test_cancelled_request_leaves_the_others_exact(solo, model):
