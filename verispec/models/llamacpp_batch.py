@@ -18,8 +18,9 @@ a sequence's logits must not depend on what else is in the forward. Three things
 * one KV stream per sequence (`kv_unified=False`): a sequence's attention runs over its own
   cells, laid out at the cells a solo context would use (cell = position), so the
   softmax and the V-weighted sums add the same terms in the same order. In one unified
-  buffer the cells of other sequences sit between them (masked, but they move each term to
-  another SIMD lane and change the rounding); `tests/test_llamacpp_batch.py` measures both;
+  buffer a sequence's cells sit at other indices than solo (after other sequences' cells);
+  a shift that is not a multiple of the vector width moves terms to other SIMD lanes and
+  changes the rounding (up to 0.82 in the logits; docs/exactness.md);
 * a prefill (one row kept, more than `INVARIANT_ROWS` tokens) runs alone in its own decodes,
   in the same `n_batch` pieces as a solo `LlamaCppModel`'s prefill, so it may keep the fast
   kernels and still fill the cache with the solo run's numbers.
