@@ -89,10 +89,18 @@ def test_staggered_requests_equal_their_solo_runs(solo, model):
     started = threading.Event()
     handles, logits = [], [[] for _ in JOBS]
 
+    loads = []   # (B, R) the adaptive request's cost model was told, per round
+
     def submit(i, **extra):
         job = _job(solo, **JOBS[i])
-        handles.append(driver.submit(job.pop("prompt"), job.pop("policy"), **job, **extra,
-                                     observer=lambda r: logits[i].append(r.logits.clone())))
+        policy = job.pop("policy")
+
+        def observer(record):
+            logits[i].append(record.logits.clone())
+            if JOBS[i]["k"] == "auto":
+                loads.append((policy.costs.sequences, policy.costs.other_rows))
+
+        handles.append(driver.submit(job.pop("prompt"), policy, **job, **extra, observer=observer))
 
     submit(0, on_commit=lambda block: started.set())
     assert started.wait(WAIT)                 # the others join a running sequence
@@ -108,6 +116,8 @@ def test_staggered_requests_equal_their_solo_runs(solo, model):
     assert driver.forwards < sum(len(w) for w in want)     # forwards were shared
     assert {h.slot for h in handles} == {0, 1, 2}          # queued requests reused slots 0..2
     assert handles[-1].result().stats.finish_reason == "stop_string"
+    assert len(loads) >= 5 and max(b for b, _ in loads) > 1     # k chosen under the load
+    assert all(r >= b - 1 for b, r in loads)                      # each other sequence >= 1 row
 
 
 def test_cancelled_request_leaves_the_others_exact(solo, model):
