@@ -48,8 +48,8 @@ class Cancelled(Exception):
 class _ParkedView(SequenceView):
     """A slot whose forwards are run by the driver, together with every other live request's."""
 
-    driver: "BatchedRounds"
-    request: "BatchedRequest"
+    driver: BatchedRounds
+    request: BatchedRequest
 
     def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:
         return self.driver._park(self.request, tokens, keep)

@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
 TEXT = ("def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
         "    return a\n\nprint([fibonacci(i) for i in range(10)])\n") * 40
 PROMPTS = ["Write a Python function that returns the sum of a list of numbers.",

@@ -53,7 +53,7 @@ class SequenceView(CausalLM):
 
     backend = "llamacpp"
 
-    def __init__(self, owner: "LlamaCppBatchModel", slot: int) -> None:
+    def __init__(self, owner: LlamaCppBatchModel, slot: int) -> None:
         super().__init__()
         self.owner = owner
         self.slot = slot
@@ -125,7 +125,7 @@ class LlamaCppBatchModel:
     def load(cls, gguf_path: str, *, n_seq_max: int = 4, n_ctx_per_seq: int = 4096,
              tokenizer_path: str | None = None, name: str | None = None, n_threads: int | None = None,
              batch_invariant: bool | None = None, kv_unified: bool = False,
-             max_rows: int | None = None) -> "LlamaCppBatchModel":
+             max_rows: int | None = None) -> LlamaCppBatchModel:
         """Open a GGUF file with `n_seq_max` slots (arguments: see the class docstring).
 
         Raises:
