@@ -254,7 +254,7 @@ class BatchedRounds:
                 if isinstance(costs, OnlineCostCurve):
                     costs.set_load(sequences=len(batch), other_rows=total - len(plan[0]))
             try:
-                logits = self.model._decode({slots[r]: plan for r, plan in batch.items()})
+                logits = self.model.score_rows({slots[r]: plan for r, plan in batch.items()})
                 answers = {r: logits[slots[r]] for r in batch if r not in unfinished}
             except BaseException as e:   # noqa: BLE001 - every request in the forward gets it
                 answers = {r: e for r in batch}

@@ -66,7 +66,7 @@ class SequenceView(CausalLM):
         self.closed = False
 
     def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:
-        return self.owner._decode({self.slot: (tokens, keep)})[self.slot]
+        return self.owner.score_rows({self.slot: (tokens, keep)})[self.slot]
 
     def _truncate(self, length: int) -> None:
         self.owner._seq_rm(self.slot, length)
@@ -247,7 +247,7 @@ class LlamaCppBatchModel:
             keep = len(tokens) if keep is None else max(1, min(keep, len(tokens)))
             plan[view.slot] = (tokens, keep)
         start = time.perf_counter()
-        logits = self._decode(plan)
+        logits = self.score_rows(plan)
         seconds = time.perf_counter() - start
         out = {}
         for view in rows:
@@ -257,13 +257,24 @@ class LlamaCppBatchModel:
             out[view] = logits[view.slot]
         return out
 
-    def _decode(self, plan: dict[int, tuple]) -> dict[int, torch.Tensor]:
+    def score_rows(self, plan: dict[int, tuple]) -> dict[int, torch.Tensor]:
         """Run the rows of `plan`: slot -> (tokens, keep) or (tokens, keep, offset).
 
         Positions start at len(view.tokens) + offset (offset: rows of this forward already
         run by earlier calls, a prefill in chunks); keep = 0 returns no rows ([0, V]).
         Prefills (keep <= 1, more than max_rows tokens) run alone in N_BATCH pieces; every
         other row is packed, in slot order, into decodes of at most `max_rows` rows.
+
+        The low-level form of `forward_many` for a driver that keeps the views' `tokens`
+        itself (`verispec.batching`: the views' own `forward` appends them): it does not
+        touch `tokens`, and checks nothing.
+
+        Returns:
+            slot -> [rows kept, V] float32 logits, in position order.
+
+        Raises:
+            RuntimeError: llama_decode failed (the KV cache may be full); the slots' caches
+                may then hold part of the rows, so their sequences must be closed.
         """
         with self.lock:
             return self._decode_locked(plan)
