@@ -212,9 +212,25 @@ class BatchedRounds:
             request._done.set()
 
     def _park(self, request: BatchedRequest, tokens: list[int], keep: int) -> torch.Tensor:
-        """Called by a request's view: wait for the shared forward and return this slot's rows."""
+        """Called by a request's view: wait for the shared forward and return this slot's rows.
+
+        Alone (no other live or queued request, no prefill to chunk) the request runs its
+        forward itself, without the hand-over to the scheduler thread: the same rows, the
+        same logits. A request admitted meanwhile is not served until this one parks.
+        """
         with self._cond:
-            self._parked[request] = (tokens, keep)
+            alone = (len(self._live) == 1 and not self._queue and
+                     (self.prefill_chunk is None or len(tokens) <= self.prefill_chunk))
+            if not alone:
+                self._parked[request] = (tokens, keep)
+        if alone:
+            costs = getattr(request.policy, "costs", None)
+            if isinstance(costs, OnlineCostCurve):
+                costs.set_load()
+            request.rows_last_round = len(tokens)
+            slot = self._live[request].slot
+            return self.model.score_rows({slot: (tokens, keep)})[slot]
+        with self._cond:
             self._cond.notify_all()
             self._cond.wait_for(lambda: request in self._answers)
             answer = self._answers.pop(request)
