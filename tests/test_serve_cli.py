@@ -25,6 +25,11 @@ runner = CliRunner()
     (["--drafter", "psychic"], "--drafter"),
     (["--max-queue", "-1"], "--max-queue"),
     (["--api-key", " "], "--api-key"),
+    (["--api-key", " pad "], "--api-key"),
+    (["--max-request-bytes", "0"], "--max-request-bytes"),
+    (["--max-prompt-tokens", "0"], "--max-prompt-tokens"),
+    (["--request-timeout", "0"], "--request-timeout"),
+    (["--read-timeout", "0"], "--read-timeout"),
 ])
 def test_bad_options_fail_before_loading_anything(args, needle):
     result = runner.invoke(app, ["serve", "--target", "no-such-model", "--port", "0", *args])

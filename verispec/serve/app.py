@@ -1,9 +1,14 @@
 """The FastAPI application: OpenAI-compatible routes over one `SpeculativeDecoder`.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
-(behind ``Authorization: Bearer KEY`` when an API key is set), ``GET /health`` (503
-while the models load), ``GET /metrics`` (Prometheus), ``POST /tokenize`` and
-``POST /detokenize`` (vLLM's shapes: exact token ids for clients and audits).
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+``POST /tokenize`` and ``POST /detokenize`` (vLLM's shapes: exact token ids for clients
+and audits) and ``GET /tokenizer_info`` (what lm-eval's remote tokenizer reads), all
+behind ``Authorization: Bearer KEY`` when an API key is set; ``GET /health`` (503 while
+the models load) and ``GET /metrics`` (Prometheus) are open.
+
+Every POST body passes `guard.Guard` first (size, read time, JSON content type) and
+`guard.parse_json`; decoding and tokenizing run in worker threads, never on the event
+loop, so a large request cannot stall `/health` or other clients' streams.
 
     from verispec import SpeculativeDecoder
     from verispec.serve import create_app
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 from contextlib import asynccontextmanager
 
@@ -27,10 +31,12 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine import Engine, Job, Outcome, QueueFull
-from .errors import ApiError, bad_request
+from .errors import ApiError, bad_request, short
+from .guard import Guard, Limits, check_api_key, parse_json
 from .metrics import ServerMetrics
 from .progress import Chunk
 from .responses import DONE, Renderer, sse
@@ -48,13 +54,15 @@ class ServeState:
         engine: the queue and decode worker (None while loading).
         metrics: the Prometheus metrics (exist from the start).
         prompter, defaults: tokenization and request defaults (None while loading).
+        limits: the server's `guard.Limits`.
     """
 
     def __init__(self, *, model_name: str | None, k, drafter: str | None, rule, api_key: str | None,
-                 max_queue: int, prefix_reuse: bool) -> None:
+                 max_queue: int, prefix_reuse: bool, limits: Limits | None = None) -> None:
         self.model_name, self.k, self.drafter, self.rule = model_name, k, drafter, rule
         self.api_key, self.max_queue, self.prefix_reuse = api_key, max_queue, prefix_reuse
-        self.metrics = ServerMetrics()
+        self.limits = limits or Limits()
+        self.metrics = ServerMetrics(model_name or "")
         self.decoder = self.engine = self.prompter = self.defaults = None
 
     @property
@@ -65,6 +73,8 @@ class ServeState:
         """Serve `decoder` from now on (the CLI loads the models after the server started)."""
         target = decoder.target
         name = self.model_name or target.name
+        if self.metrics.model_name != name:      # no request was served before: nothing is lost
+            self.metrics = ServerMetrics(name)
         drafter = getattr(decoder, "drafter", "none")
         self.prompter = Prompter(getattr(decoder, "tokenizer", None), target.vocab_size,
                                  target.context_length)
@@ -81,13 +91,20 @@ class ServeState:
             raise ApiError(503, "the model is still loading; retry when GET /health answers 200",
                            code="model_loading")
 
+    def drain(self, grace: float) -> None:
+        """Graceful shutdown (from the server, before uvicorn's own): refuse new requests,
+        answer the queued ones with a 503, give the one decoding `grace` seconds to finish."""
+        if self.engine is not None:
+            self.engine.drain(grace)
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
 
 
 def create_app(decoder=None, *, model_name: str | None = None, k: int | str = "auto", rule="auto",
-               api_key: str | None = None, max_queue: int = 32, prefix_reuse: bool = True) -> FastAPI:
+               api_key: str | None = None, max_queue: int = 32, prefix_reuse: bool = True,
+               limits: Limits | None = None) -> FastAPI:
     """An OpenAI-compatible FastAPI app serving `decoder` (run it with uvicorn).
 
     Args:
@@ -97,21 +114,25 @@ def create_app(decoder=None, *, model_name: str | None = None, k: int | str = "a
         k: the default draft length ("auto" or an integer >= 0); requests may override.
         rule: the acceptance rule for every request: "auto" (`SpeculativeDecoder.generate`'s
             choice), "standard", "gumbel", or any `verispec.verify.Rule`.
-        api_key: when set, every /v1 route needs ``Authorization: Bearer <api_key>`` (401).
+        api_key: when set, every /v1 route, /tokenize, /detokenize and /tokenizer_info need
+            ``Authorization: Bearer <api_key>`` (401); printable ASCII, no surrounding space.
         max_queue: requests that may wait while one decodes; more get 429 + Retry-After.
         prefix_reuse: keep the KV caches between requests (False: prefill every prompt
             from scratch; for measurements).
+        limits: body size, read time, prompt length and per-request time (`guard.Limits`;
+            default its defaults).
 
     Returns:
         The app; `app.state.verispec` is its `ServeState` (engine, metrics).
 
     Raises:
-        ValueError: naming `k` or `max_queue` when out of range.
+        ValueError: naming `k`, `max_queue` or `api_key` when out of range.
     """
     if not (k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and k >= 0)):
         raise ValueError(f'k must be "auto" or an integer >= 0, got {k!r}')
+    check_api_key(api_key)
     state = ServeState(model_name=model_name, k=k, drafter=None, rule=rule, api_key=api_key,
-                       max_queue=max_queue, prefix_reuse=prefix_reuse)
+                       max_queue=max_queue, prefix_reuse=prefix_reuse, limits=limits)
     if decoder is not None:
         state.attach(decoder)
 
@@ -123,6 +144,7 @@ def create_app(decoder=None, *, model_name: str | None = None, k: int | str = "a
     app = FastAPI(title="verispec", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.verispec = state
     _add_error_handlers(app)
+    app.add_middleware(Guard, limits=state.limits)
 
     async def check_key(request: Request) -> None:
         if state.api_key is None:
@@ -163,40 +185,69 @@ def create_app(decoder=None, *, model_name: str | None = None, k: int | str = "a
     async def metrics():
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", dependencies=[Depends(check_key)])
     async def tokenize(request: Request) -> dict:
         state.require_ready()
         body = await _json_body(request)
-        _only(body, {"model", "prompt", "messages", "add_special_tokens", "return_token_strs"})
-        _check_model(body.get("model"), state)
-        add_special = body.get("add_special_tokens", True)
-        if not isinstance(add_special, bool):
-            raise bad_request("add_special_tokens", "add_special_tokens must be true or false")
-        if ("prompt" in body) == ("messages" in body):
-            raise bad_request("prompt", "give exactly one of prompt (text) or messages (chat)")
-        if "messages" in body:
-            ids = state.prompter.chat(_messages(body["messages"]))
-        else:
-            if not isinstance(body["prompt"], str):
-                raise bad_request("prompt", "prompt must be a string")
-            ids = state.prompter.text(body["prompt"], add_special_tokens=add_special)
-        out = {"count": len(ids), "max_model_len": state.prompter.context_length, "tokens": ids}
-        if body.get("return_token_strs"):
-            out["token_strs"] = state.prompter.pieces(ids)
-        return out
+        return await run_in_threadpool(_tokenize, body, state)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", dependencies=[Depends(check_key)])
     async def detokenize(request: Request) -> dict:
         state.require_ready()
         body = await _json_body(request)
-        _only(body, {"model", "tokens"})
-        _check_model(body.get("model"), state)
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list):
-            raise bad_request("tokens", "tokens must be a list of token ids")
-        return {"prompt": state.prompter.decode(state.prompter.check_ids(tokens, "tokens"))}
+        return await run_in_threadpool(_detokenize, body, state)
+
+    @app.get("/tokenizer_info", dependencies=[Depends(check_key)])
+    async def tokenizer_info() -> dict:
+        state.require_ready()
+        return _tokenizer_info(state.prompter.tokenizer, state.prompter.context_length)
 
     return app
+
+
+def _tokenize(body: dict, state: ServeState) -> dict:
+    _only(body, {"model", "prompt", "messages", "add_special_tokens", "return_token_strs"})
+    _check_model(body.get("model"), state)
+    add_special = body.get("add_special_tokens", True)
+    if not isinstance(add_special, bool):
+        raise bad_request("add_special_tokens", "add_special_tokens must be true or false")
+    if ("prompt" in body) == ("messages" in body):
+        raise bad_request("prompt", "give exactly one of prompt (text) or messages (chat)")
+    if "messages" in body:
+        ids = state.prompter.chat(_messages(body["messages"]))
+    else:
+        if not isinstance(body["prompt"], str):
+            raise bad_request("prompt", "prompt must be a string")
+        ids = state.prompter.text(body["prompt"], add_special_tokens=add_special)
+    out = {"count": len(ids), "max_model_len": state.prompter.context_length, "tokens": ids}
+    if body.get("return_token_strs"):
+        out["token_strs"] = state.prompter.pieces(ids)
+    return out
+
+
+def _detokenize(body: dict, state: ServeState) -> dict:
+    _only(body, {"model", "tokens"})
+    _check_model(body.get("model"), state)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list):
+        raise bad_request("tokens", "tokens must be a list of token ids")
+    return {"prompt": state.prompter.decode(state.prompter.check_ids(tokens, "tokens"))}
+
+
+def _tokenizer_info(tokenizer, context_length: int) -> dict:
+    """vLLM's `GET /tokenizer_info` fields that clients read (lm-eval's remote tokenizer:
+    `eos_token`, `bos_token`, `pad_token`, `chat_template`), as strings or null."""
+    if tokenizer is None:
+        raise ApiError(404, "this model has no tokenizer; send prompts as token ids", code="no_tokenizer")
+
+    def text(name):
+        value = getattr(tokenizer, name, None)
+        return None if value is None else str(value)
+
+    return {"tokenizer_class": type(tokenizer).__name__, "eos_token": text("eos_token"),
+            "bos_token": text("bos_token"), "pad_token": text("pad_token"),
+            "unk_token": text("unk_token"), "chat_template": text("chat_template"),
+            "model_max_length": context_length, "vocab_size": len(tokenizer)}
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -212,18 +263,13 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def validation_error(request: Request, exc: RequestValidationError):
         return bad_request(None, str(exc)).response()
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception):
-        log.exception("unhandled error on %s", request.url.path)
-        return ApiError(500, f"internal error: {type(exc).__name__}", type="server_error").response()
+    # no handler for Exception: Starlette's would re-raise after answering, and uvicorn then
+    # drops the keep-alive connection; `guard.Guard` answers a real fault and keeps it
 
 
 async def _json_body(request: Request) -> dict:
     raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(None, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    body = await run_in_threadpool(parse_json, raw)      # a large body must not stall the loop
     if not isinstance(body, dict):
         raise bad_request(None, f"the request body must be a JSON object, got {type(body).__name__}")
     return body
@@ -232,12 +278,12 @@ async def _json_body(request: Request) -> dict:
 def _only(body: dict, allowed: set[str]) -> None:
     for name in body:
         if name not in allowed:
-            raise bad_request(name, f"unrecognized request field {name!r}", code="unknown_parameter")
+            raise bad_request(name, f"unrecognized request field {short(name)}", code="unknown_parameter")
 
 
 def _check_model(model, state: ServeState) -> None:
     if model is not None and model not in state.defaults.model_names:
-        raise ApiError(400, f"model {model!r} is not served here; /v1/models lists "
+        raise ApiError(400, f"model {short(model)} is not served here; /v1/models lists "
                             f"{', '.join(state.defaults.model_names)}", param="model", code="model_not_found")
 
 
@@ -253,8 +299,14 @@ async def _watch_disconnect(receive, job: Job) -> None:
 async def _generate(endpoint: str, request: Request, state: ServeState):
     state.require_ready()
     body = await _json_body(request)
-    req = parse(endpoint, body, state.prompter, state.defaults)
+    req = await run_in_threadpool(parse, endpoint, body, state.prompter, state.defaults)
+    cap = state.limits.max_prompt_tokens
+    if len(req.prompt_ids) > cap:
+        where = "messages" if endpoint == "chat" else "prompt"
+        raise ApiError(400, f"the prompt has {len(req.prompt_ids)} tokens; this server takes at most "
+                            f"{cap} (--max-prompt-tokens)", param=where, code="context_length_exceeded")
     job = Job(req)
+    job.deadline = job.arrival + state.limits.request_timeout
     try:
         state.engine.submit(job)
     except QueueFull as e:
@@ -269,6 +321,9 @@ async def _generate(endpoint: str, request: Request, state: ServeState):
         while True:
             event = await job.events.get()
             if isinstance(event, Outcome):
+                if event.finish_reason == "abort":       # stopped by the shutdown
+                    return ApiError(503, "the server shut down before this request finished",
+                                    code="server_shutting_down").response()
                 return JSONResponse(render.response(event))
             if isinstance(event, ApiError):
                 return event.response()

@@ -25,7 +25,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..drafters import DRAFTER_CHOICES, DRAFTERS
-from .errors import ApiError, bad_request
+from ..sampling import REPETITION_PENALTY_RANGE
+from .errors import ApiError, bad_request, short
 from .tokens import ROLES, Prompter
 
 MAX_STOP = 16        # stop strings per request
@@ -72,7 +73,7 @@ class _Common(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
+    repetition_penalty: float | None = Field(None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
@@ -138,6 +139,9 @@ class GenerationRequest:
         logprobs: alternatives per token when log-probabilities were asked for (0 = the
             chosen token only), else None.
         return_token_ids: add `token_ids` / `prompt_token_ids` to the response.
+        echo, prompt_text: completions: start the text (and logprobs) with the prompt.
+        continuous_usage: usage in every stream chunk (`stream_options.continuous_usage_stats`).
+        n: choices; choice i is decoded with seed + i (`choice_seeds`).
     """
 
     endpoint: str
@@ -149,6 +153,10 @@ class GenerationRequest:
     include_usage: bool = False
     logprobs: int | None = None
     return_token_ids: bool = False
+    echo: bool = False
+    prompt_text: str | None = None
+    continuous_usage: bool = False
+    n: int = 1
 
 
 def drafters_of(choice: str, has_draft_model: bool) -> tuple[str, ...]:
@@ -177,13 +185,13 @@ def _validate(cls: type[BaseModel], body: Any) -> BaseModel:
                                         f"{accepted}, meaning not used)", code="unsupported_parameter")
             body = {k: v for k, v in body.items() if k != name}
         elif name not in cls.model_fields:
-            raise bad_request(name, f"unrecognized request field {name!r}", code="unknown_parameter")
+            raise bad_request(name, f"unrecognized request field {short(name)}", code="unknown_parameter")
     try:
         return cls.model_validate(body)
     except ValidationError as e:
         err = e.errors()[0]
         param = _param(err["loc"])
-        raise bad_request(param, f"{param}: {err['msg']} (got {err.get('input')!r})") from None
+        raise bad_request(param, f"{param}: {err['msg']} (got {short(err.get('input'))})") from None
 
 
 def _messages(value: Any) -> list[dict]:
@@ -207,7 +215,7 @@ def _messages(value: Any) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise bad_request(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}, "
-                                               f"got {role!r}")
+                                               f"got {short(role)}")
         content = m.get("content")
         if isinstance(content, list):
             texts = []
@@ -220,7 +228,7 @@ def _messages(value: Any) -> list[dict]:
             content = "\n".join(texts)
         if not isinstance(content, str):
             raise bad_request(f"{where}.content", f"{where}.content must be a string (or a list of "
-                                                  f"text parts), got {content!r}")
+                                                  f"text parts), got {short(content)}")
         msg = {"role": "system" if role == "developer" else role, "content": content}
         if "name" in m:
             if not isinstance(m["name"], str):
@@ -263,7 +271,7 @@ def _stop(value: Any) -> list[str] | None:
     for j, s in enumerate(stops):
         if not isinstance(s, str) or not s:
             raise bad_request(f"stop[{j}]" if isinstance(value, list) else "stop",
-                              f"stop strings must be non-empty strings, got {s!r}")
+                              f"stop strings must be non-empty strings, got {short(s)}")
     return stops or None
 
 
@@ -278,7 +286,7 @@ def _logit_bias(value: dict[str, float] | None, vocab: int) -> dict[int, float] 
             tok = -1
         if not 0 <= tok < vocab or str(tok) != key.strip():
             raise bad_request(f"logit_bias.{key}", f"logit_bias keys must be token ids in "
-                                                   f"0..{vocab - 1}, got {key!r}")
+                                                   f"0..{vocab - 1}, got {short(key)}")
         if not -100 <= bias <= 100:
             raise bad_request(f"logit_bias.{key}", f"logit_bias values must be in [-100, 100], got {bias}")
         out[tok] = float(bias)
@@ -289,17 +297,17 @@ def _k_and_drafter(req: _Common, server: ServerDefaults) -> tuple[int | str, str
     k = server.k if req.k is None else req.k
     if not (k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= MAX_K)):
         raise bad_request("k", f'k must be "auto" or an integer in 0..{MAX_K} (0 = plain decoding), '
-                               f"got {req.k!r}")
+                               f"got {short(req.k)}")
     drafter = server.drafter if req.drafter is None else req.drafter
     if drafter not in DRAFTER_CHOICES:
-        raise bad_request("drafter", f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {drafter!r}")
+        raise bad_request("drafter", f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {short(drafter)}")
     if drafter == "model" and not server.has_draft_model:
         raise bad_request("drafter", 'drafter "model" needs a draft model and this server has none '
                                      "(start it with --draft)")
     usable = server.default_drafters if drafter == server.drafter else \
         drafters_of(drafter, server.has_draft_model)
     if isinstance(k, int) and k > 0 and not usable:
-        raise bad_request("k", f"k={k} needs a drafter, and drafter {drafter!r} drafts nothing; "
+        raise bad_request("k", f"k={k} needs a drafter, and drafter {short(drafter)} drafts nothing; "
                                "use k=0 or another drafter")
     return k, drafter
 
@@ -322,7 +330,7 @@ def parse(endpoint: str, body: Any, prompter: Prompter, server: ServerDefaults) 
     req = _validate(ChatRequest if endpoint == "chat" else CompletionRequest, body)
     # fields first (cheap, and the error names the first bad field), then the prompt
     if req.model is not None and req.model not in server.model_names:
-        raise ApiError(400, f"model {req.model!r} is not served here; /v1/models lists "
+        raise ApiError(400, f"model {short(req.model)} is not served here; /v1/models lists "
                             f"{', '.join(server.model_names)}", param="model", code="model_not_found")
     if req.n not in (None, 1):
         raise bad_request("n", f"n must be 1 (one choice per request), got {req.n}",

@@ -16,7 +16,7 @@ import copy
 import threading
 from collections.abc import Sequence
 
-from .errors import bad_request
+from .errors import bad_request, short
 
 #: Roles a chat message may have; "developer" (OpenAI's newer name) is sent to the
 #: chat template as "system".
@@ -77,7 +77,7 @@ class Prompter:
         out = []
         for j, i in enumerate(ids):
             if isinstance(i, bool) or not isinstance(i, int):
-                raise bad_request(f"{param}[{j}]", f"token ids must be integers, got {i!r}")
+                raise bad_request(f"{param}[{j}]", f"token ids must be integers, got {short(i)}")
             if not 0 <= i < self.vocab_size:
                 raise bad_request(f"{param}[{j}]", f"token id {i} is outside the vocabulary "
                                                    f"0..{self.vocab_size - 1}")
