@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..models import BACKENDS
 from .common import err, fail
 
 
@@ -133,8 +134,8 @@ def plan(
                                         "eager-cpu for local)"),
     calibrate: list[str] = typer.Option([], "--calibrate", help="with --hardware local: registered model(s) whose "
                                         "measured cost curve fits the stack (repeat the flag for several)"),
-    backend: str = typer.Option("llamacpp", "--backend", help="backend --calibrate times: llamacpp or transformers "
-                                "(transformers: models are sized as float32 unless --dtype)"),
+    backend: str = typer.Option("llamacpp", "--backend", metavar="NAME", help="backend --calibrate times: "
+                                + ", ".join(BACKENDS) + " (transformers: models are sized as float32 unless --dtype)"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG: cost curve and S(k)"),
 ) -> None:
@@ -153,8 +154,8 @@ def plan(
         fail("--calibrate needs --hardware local (it times models on this machine)")
     if calibrate and stack:
         fail("give --calibrate or --stack, not both")
-    if backend not in ("llamacpp", "transformers"):
-        fail(f"--backend must be llamacpp or transformers, got {backend!r}")
+    if backend not in BACKENDS:
+        fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if plot and Path(plot).suffix.lower() != ".png":
         fail(f"--plot must name a .png file, got {plot!r}")
     kwargs = dict(batch=batch, dtype=dtype, draft_dtype=draft_dtype)

@@ -10,7 +10,8 @@ step 1). Two kinds exist:
 * a *point-mass* drafter (prompt lookup, suffix decoding) proposes tokens
   deterministically from the context; its q_i is δ_{x_i}, and it returns q = None.
 
-Optional parts of the contract (the adaptive policy uses them when present):
+Optional parts of the contract, each a runtime-checkable protocol below
+(`isinstance(drafter, SupportsConfidences)`; the adaptive policy uses them when present):
 
 * `confidences(context)`: a point-mass drafter's evidence for each token it would
   propose now (`Confidence`: the continuation's empirical frequency, the match
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -114,6 +115,7 @@ class Confidence:
         return length, freq
 
 
+@runtime_checkable
 class Drafter(Protocol):
     """Proposes draft tokens with the exact distribution q each was drawn from.
 
@@ -165,18 +167,34 @@ class Drafter(Protocol):
         """Forget all state tied to earlier text (caches, indexes)."""
         ...
 
-    # Optional (see the module docstring); the policy checks with hasattr.
-    #
-    # def confidences(self, context: Sequence[int]) -> list[Confidence]:
-    #     """Evidence for each token `propose(context, k)` would return, in order
-    #     (len == available(context); propose returns a prefix of that proposal)."""
-    #
-    # def catchup_tokens(self, context: Sequence[int]) -> int:
-    #     """Context tokens the drafter must read before drafting after `context`."""
-    #
-    # def calibrate(self, context: Sequence[int]) -> tuple[float, float] | None:
-    #     """(seconds per caught-up token, seconds per drafted token), timed on a
-    #     prefix of `context`; None when the context is too short to time."""
+
+@runtime_checkable
+class SupportsConfidences(Protocol):
+    """Optional: a point-mass drafter's evidence for its proposals (see the module docstring)."""
+
+    def confidences(self, context: Sequence[int]) -> list[Confidence]:
+        """Evidence for each token `propose(context, k)` would return, in order
+        (len == available(context); propose returns a prefix of that proposal)."""
+        ...
+
+
+@runtime_checkable
+class SupportsCatchup(Protocol):
+    """Optional: a drafter that must read context before drafting (a draft model's cache)."""
+
+    def catchup_tokens(self, context: Sequence[int]) -> int:
+        """Context tokens the drafter must read before drafting after `context`."""
+        ...
+
+
+@runtime_checkable
+class SupportsCalibrate(Protocol):
+    """Optional: a drafter that can time its own catch-up and drafting costs."""
+
+    def calibrate(self, context: Sequence[int]) -> tuple[float, float] | None:
+        """(seconds per caught-up token, seconds per drafted token), timed on a
+        prefix of `context`; None when the context is too short to time."""
+        ...
 
 
 def point_masses(x: Sequence[int], vocab_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

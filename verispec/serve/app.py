@@ -75,13 +75,10 @@ class ServeState:
         name = self.model_name or target.name
         if self.metrics.model_name != name:      # no request was served before: nothing is lost
             self.metrics = ServerMetrics(name)
-        drafter = getattr(decoder, "drafter", "none")
-        self.prompter = Prompter(getattr(decoder, "tokenizer", None), target.vocab_size,
-                                 target.context_length)
+        self.prompter = Prompter(decoder.tokenizer, target.vocab_size, target.context_length)
         self.defaults = ServerDefaults(
-            model_names=(name,), k=self.k, drafter=drafter,
-            has_draft_model=getattr(decoder, "draft", None) is not None,
-            default_drafters=tuple(getattr(decoder, "drafters", {})))
+            model_names=(name,), k=self.k, drafter=decoder.drafter,
+            drafter_names=decoder.drafter_names, sampling=decoder.sampling_config)
         self.decoder = decoder
         self.engine = Engine(decoder, self.metrics, max_queue=self.max_queue,
                              prefix_reuse=self.prefix_reuse, rule=self.rule)
