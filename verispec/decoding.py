@@ -17,7 +17,7 @@ token is fed at the start of the next verification forward.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -273,6 +273,7 @@ def decode(
     stop: Callable[[list[int]], bool] | None = None,
     on_commit: Callable[[list[int]], None] | None = None,
     observer: Callable[[RoundRecord], None] | None = None,
+    eos_token_ids: Collection[int] | None = None,
 ) -> DecodeResult:
     """Generate up to `max_new_tokens` tokens exactly as the target alone would.
 
@@ -293,6 +294,9 @@ def decode(
             exception it raises ends the generation there and propagates (a server's
             cancellation): the target's cache then holds the committed sequence but
             its last token, the drafters are rolled back to it, and nothing else runs.
+        eos_token_ids: the ids that end generation (kept in the output, finish reason
+            "eos"); None = the target's. A server passes the target's plus a request's
+            `stop_token_ids`, or only those to ignore EOS.
 
     Returns:
         DecodeResult with the new tokens (EOS included when it ended
@@ -318,7 +322,8 @@ def decode(
         t = time.perf_counter()
         target.forward(seq[len(target.tokens):-1], keep=1)
         stats.prefill_seconds = time.perf_counter() - t
-    vocab, eos = target.vocab_size, target.eos_token_ids
+    vocab = target.vocab_size
+    eos = target.eos_token_ids if eos_token_ids is None else frozenset(eos_token_ids)
 
     while len(out) < max_new_tokens:
         room = target.context_length - len(seq)

@@ -26,6 +26,7 @@ import asyncio
 import hmac
 import logging
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -40,7 +41,7 @@ from .guard import Guard, Limits, check_api_key, parse_json
 from .metrics import ServerMetrics
 from .progress import Chunk
 from .responses import DONE, Renderer, sse
-from .schema import ServerDefaults, _messages, parse
+from .schema import ServerDefaults, _messages, choice_seeds, parse
 from .tokens import Prompter
 
 log = logging.getLogger("verispec.serve")
@@ -284,12 +285,13 @@ def _check_model(model, state: ServeState) -> None:
                             f"{', '.join(state.defaults.model_names)}", param="model", code="model_not_found")
 
 
-async def _watch_disconnect(receive, job: Job) -> None:
-    """Cancel `job` when the client disconnects (ASGI ``http.disconnect``)."""
+async def _watch_disconnect(receive, jobs: list[Job]) -> None:
+    """Cancel `jobs` when the client disconnects (ASGI ``http.disconnect``)."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            job.cancel()
+            for job in jobs:
+                job.cancel()
             return
 
 
@@ -302,51 +304,109 @@ async def _generate(endpoint: str, request: Request, state: ServeState):
         where = "messages" if endpoint == "chat" else "prompt"
         raise ApiError(400, f"the prompt has {len(req.prompt_ids)} tokens; this server takes at most "
                             f"{cap} (--max-prompt-tokens)", param=where, code="context_length_exceeded")
-    job = Job(req)
-    job.deadline = job.arrival + state.limits.request_timeout
+    # n > 1: one job per choice, choice i with seed + i (`choice_seeds`), all under one id
+    jobs = [Job(req if req.n == 1 else replace(req, seed=seed)) for seed in choice_seeds(req.seed, req.n)]
+    for job in jobs:
+        job.deadline = job.arrival + state.limits.request_timeout
     try:
-        state.engine.submit(job)
+        for job in jobs:
+            state.engine.submit(job)
     except QueueFull as e:
+        for job in jobs:
+            job.cancel()          # those already queued are skipped, never decoded
         raise ApiError(429, f"the server is busy: {e}", code="rate_limit_exceeded",
                        headers={"Retry-After": str(e.retry_after)}) from None
-    watcher = asyncio.create_task(_watch_disconnect(request.receive, job))
-    render = Renderer(job)
+    watcher = asyncio.create_task(_watch_disconnect(request.receive, jobs))
+    renders = [Renderer(job, index=i, id=jobs[0].id) for i, job in enumerate(jobs)]
+    events, forwarders = _merge(jobs)
     if req.stream:
-        return StreamingResponse(_stream(job, watcher, render), media_type="text/event-stream",
+        return StreamingResponse(_stream(jobs, events, [watcher, *forwarders], renders),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        while True:
-            event = await job.events.get()
+        outcomes: list[Outcome | None] = [None] * len(jobs)
+        while None in outcomes:
+            i, event = await events.get()
+            if isinstance(event, ApiError):
+                return event.response()
             if isinstance(event, Outcome):
                 if event.finish_reason == "abort":       # stopped by the shutdown
                     return ApiError(503, "the server shut down before this request finished",
                                     code="server_shutting_down").response()
-                return JSONResponse(render.response(event))
-            if isinstance(event, ApiError):
-                return event.response()
+                outcomes[i] = event
+        if len(jobs) == 1:
+            return JSONResponse(renders[0].response(outcomes[0]))
+        return JSONResponse(_choices_response(renders, outcomes))
     finally:
-        watcher.cancel()
-        if not job.done:
-            job.cancel()      # the handler itself was cancelled (server shutting down)
+        _stop(jobs, [watcher, *forwarders])
 
 
-async def _stream(job: Job, watcher: asyncio.Task, render: Renderer):
-    try:
-        for event in render.first():
-            yield event
+def _merge(jobs: list[Job]) -> tuple[asyncio.Queue, list[asyncio.Task]]:
+    """One queue of (choice index, event) fed from every job's events."""
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def forward(i: int, job: Job) -> None:
         while True:
             event = await job.events.get()
-            if isinstance(event, Chunk):
-                yield render.chunk(event)
-            elif isinstance(event, Outcome):
-                for text in render.last(event):
-                    yield text
+            merged.put_nowait((i, event))
+            if isinstance(event, (Outcome, ApiError)):
                 return
+
+    return merged, [asyncio.create_task(forward(i, job)) for i, job in enumerate(jobs)]
+
+
+def _stop(jobs: list[Job], tasks: list[asyncio.Task]) -> None:
+    for task in tasks:
+        task.cancel()
+    for job in jobs:
+        if not job.done:
+            job.cancel()      # the client went away, or the server is shutting down
+
+
+def _usage(renders: list[Renderer], outcomes: list[Outcome]) -> dict:
+    """Usage of n choices: the prompt once, the completions summed (OpenAI's)."""
+    usage = renders[0].usage(outcomes[0])
+    usage["completion_tokens"] = sum(len(o.token_ids) for o in outcomes)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return usage
+
+
+def _choices_response(renders: list[Renderer], outcomes: list[Outcome]) -> dict:
+    """The non-streaming body of n > 1 choices; each choice carries its own `metrics`."""
+    body = renders[0].response(outcomes[0])
+    body["choices"] = [{**r.choice(o), "metrics": o.metrics} for r, o in zip(renders, outcomes)]
+    body["usage"] = _usage(renders, outcomes)
+    del body["metrics"]
+    return body
+
+
+async def _stream(jobs: list[Job], events: asyncio.Queue, tasks: list[asyncio.Task], renders: list[Renderer]):
+    try:
+        for render in renders:
+            for event in render.first():
+                yield event
+        outcomes: list[Outcome | None] = [None] * len(jobs)
+        while None in outcomes:
+            i, event = await events.get()
+            if isinstance(event, Chunk):
+                yield renders[i].chunk(event)
+            elif isinstance(event, Outcome):
+                outcomes[i] = event
+                if len(jobs) == 1:
+                    for text in renders[0].last(event):
+                        yield text
+                    return
+                for text in renders[i].last(event, done=False):
+                    yield text
             elif isinstance(event, ApiError):
                 yield sse(event.body())
                 yield DONE
                 return
+        if renders[0].req.include_usage:
+            head = renders[0].response(outcomes[0])
+            yield sse({key: head[key] for key in ("id", "object", "created", "model")}
+                      | {"object": "chat.completion.chunk" if renders[0].chat else "text_completion",
+                         "choices": [], "usage": _usage(renders, outcomes)})
+        yield DONE
     finally:
-        watcher.cancel()
-        if not job.done:
-            job.cancel()      # the client went away, or the server is shutting down
+        _stop(jobs, tasks)

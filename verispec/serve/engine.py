@@ -42,10 +42,12 @@ from dataclasses import dataclass, field
 
 from .errors import ApiError, bad_request
 from .metrics import ServerMetrics
-from .progress import Cancelled, RequestProgress, TokenLogprob
+from .progress import Cancelled, Chunk, RequestProgress, TokenLogprob, token_logprobs
 from .schema import GenerationRequest
 
 log = logging.getLogger("verispec.serve")
+
+PROMPT_BLOCK = 256      # prompt tokens scored per forward for echo + logprobs
 
 
 class QueueFull(Exception):
@@ -274,10 +276,16 @@ class Engine:
                                    cancelled=job.cancel_requested, deadline=job.deadline)
         job.progress = progress
         cached = self._reuse(req.prompt_ids)
+        prompt_lps: list[TokenLogprob] = []
         try:
+            if req.echo and req.logprobs is not None:
+                prompt_lps, cached = self._prompt_logprobs(req, progress), 0
+            if req.echo and req.stream:
+                job.post(Chunk(req.prompt_text or "", [], prompt_lps))
             result = self.decoder.generate(
                 req.prompt_ids, max_new_tokens=req.max_tokens, sampling=req.sampling, k=req.k,
                 drafter=req.drafter, seed=req.seed, stop_strings=req.stop_strings, rule=self.rule,
+                stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
                 on_text=progress.on_text if req.stream and tokenizer is not None else None,
                 observer=progress.observe)
         except Cancelled:
@@ -310,10 +318,28 @@ class Engine:
         outcome = Outcome(
             text=result.text, token_ids=list(result.token_ids),
             finish_reason=result.finish_reason,
-            logprobs=progress.logprobs, cached_tokens=cached,
+            logprobs=progress.logprobs, cached_tokens=cached, prompt_logprobs=prompt_lps,
             metrics={**progress.timing(job.arrival, job.started, finished), "speculative_decoding": spec})
         self._finish(job, outcome.finish_reason, cached, finished)
         job.post(outcome)
+
+    def _prompt_logprobs(self, req: GenerationRequest, progress: RequestProgress) -> list[TokenLogprob]:
+        """Each prompt token's log-probability given the tokens before it (echo + logprobs).
+
+        The target's cache is emptied and the prompt (but its last token) scored in
+        blocks of `PROMPT_BLOCK` tokens, keeping every row: these forwards are also the
+        prefill `generate` then skips, so the prompt is computed once. Blocks bound the
+        memory to PROMPT_BLOCK x V logits at a time.
+        """
+        ids, target = req.prompt_ids, self.decoder.target
+        target.truncate(0)
+        text, raw = progress.pieces(ids[0])
+        out = [TokenLogprob(ids[0], text, None, [], raw)]      # nothing precedes the first token
+        for start in range(0, len(ids) - 1, PROMPT_BLOCK):
+            block = ids[start:min(start + PROMPT_BLOCK, len(ids) - 1)]
+            rows = target.forward(block)
+            out += token_logprobs(rows, ids[start + 1:start + 1 + len(block)], req.logprobs, progress.pieces)
+        return out
 
     def _hard_reset(self) -> None:
         for model in (self.decoder.target, self.decoder.draft):

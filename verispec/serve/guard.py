@@ -194,7 +194,7 @@ class Guard:
             await _send_json(send, e.status, e.body(), {**e.headers, **unread})
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001 - a real fault: answer it, keep the connection
+        except Exception as e:       # a real fault: answer it, keep the connection
             log.exception("unhandled error on %s", scope.get("path"))
             if started:        # the response is under way: all that can be done is to end it
                 return

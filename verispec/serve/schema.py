@@ -9,9 +9,15 @@ settings' ranges, the drafter and the prompt's encoding by the API's own code
 needs the model (prompt length, token ids, the context) is checked here.
 
 Fields the server does not implement are refused by name, never silently ignored;
-each is accepted only with its neutral value (e.g. ``"echo": false``, ``"n": 1``,
-``"tools": []``), so clients that always send the defaults keep working. Unknown
-fields are refused too (as OpenAI's API does).
+each is accepted only with its neutral value (e.g. ``"tools": []``, ``"echo": false`` on
+chat), so clients that always send the defaults keep working. Unknown fields are
+refused too (as OpenAI's API does).
+
+What the clients people bring send is implemented: ``n`` up to `MAX_N` (choice i is
+decoded with seed + i: `choice_seeds`), completions' ``echo`` (with ``logprobs``: the
+prompt tokens' log-probabilities, lm-eval's loglikelihood), vLLM's ``ignore_eos`` and
+``stop_token_ids`` (guidellm sends ``ignore_eos``) and
+``stream_options.continuous_usage_stats`` (usage in every chunk; guidellm always sends it).
 
 Defaults: ``temperature`` 1 and ``top_p`` 1 (OpenAI's); a missing ``max_tokens`` means
 the rest of the context (context length − prompt tokens), as vLLM does; ``k`` and
@@ -34,6 +40,7 @@ from .tokens import ROLES, Prompter
 MAX_STOP = 16        # stop strings per request
 MAX_LOGPROBS = 20    # alternatives per token (vLLM's default limit; OpenAI's is 20 for chat)
 MAX_K = 64           # drafts per round a request may ask for
+MAX_N = 16           # choices per request
 
 #: Fields OpenAI or vLLM define that verispec does not implement -> the values that mean
 #: "not used" (accepted and dropped). Anything else is a 400 naming the field.
@@ -43,10 +50,10 @@ UNSUPPORTED: dict[str, tuple] = {
     "response_format": (None, {"type": "text"}), "echo": (None, False), "suffix": (None, ""),
     "best_of": (None, 1), "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
     "reasoning_effort": (None,), "service_tier": (None, "auto", "default"), "store": (None, False),
-    "metadata": (None, {}), "web_search_options": (None,), "ignore_eos": (None, False),
+    "metadata": (None, {}), "web_search_options": (None,),
     "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
     "spaces_between_special_tokens": (None, True), "use_beam_search": (None, False),
-    "length_penalty": (None, 1.0, 1), "stop_token_ids": (None, []), "bad_words": (None, []),
+    "length_penalty": (None, 1.0, 1), "bad_words": (None, []),
     "allowed_token_ids": (None,), "prompt_logprobs": (None,), "guided_json": (None,),
     "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
     "structured_outputs": (None,), "chat_template": (None,), "chat_template_kwargs": (None, {}),
@@ -59,10 +66,12 @@ UNSUPPORTED: dict[str, tuple] = {
 
 
 class StreamOptions(BaseModel):
-    """OpenAI's `stream_options`: `include_usage` adds a last chunk with usage and metrics."""
+    """OpenAI's `stream_options`: `include_usage` adds a last chunk with usage and metrics;
+    vLLM's `continuous_usage_stats` (with it) puts the usage so far in every chunk."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
 
 
 class _Common(BaseModel):
@@ -90,6 +99,8 @@ class _Common(BaseModel):
     k: Any = None
     drafter: str | None = None
     return_token_ids: bool | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
 
 
 class ChatRequest(_Common):
@@ -106,6 +117,7 @@ class CompletionRequest(_Common):
 
     prompt: Any = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool | None = None
 
 
 @dataclass
@@ -166,6 +178,8 @@ class GenerationRequest:
     prompt_text: str | None = None
     continuous_usage: bool = False
     n: int = 1
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
 
 
 #: `SamplingConfig`'s argument names -> the request's field names, where they differ.
@@ -183,7 +197,7 @@ def _validate(cls: type[BaseModel], body: Any) -> BaseModel:
     if not isinstance(body, dict):
         raise bad_request(None, f"the request body must be a JSON object, got {type(body).__name__}")
     for name, value in list(body.items()):
-        if name in UNSUPPORTED:
+        if name in UNSUPPORTED and name not in cls.model_fields:
             neutral = UNSUPPORTED[name]
             if value is not None and not any(type(value) is type(n) and value == n for n in neutral):
                 accepted = " or ".join(json.dumps(n) for n in neutral)
@@ -242,6 +256,23 @@ def _messages(value: Any) -> list[dict]:
             msg["name"] = m["name"]
         out.append(msg)
     return out
+
+
+def choice_seeds(seed: int | None, n: int) -> list[int | None]:
+    """The seed of each of a request's n choices: choice i gets seed + i, so each choice
+    is exactly the single request with that seed (replayable alone); without a seed
+    every choice draws its own (reported in its metrics)."""
+    return [None if seed is None else seed + i for i in range(n)]
+
+
+def _prompt_text(value: Any, ids: list[int], prompter: Prompter) -> str:
+    """The prompt as `echo` returns it: the text sent, or the ids decoded (special
+    tokens kept, so the text offsets of the prompt's tokens add up)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    return prompter.decode(ids, skip_special_tokens=False) if prompter.tokenizer is not None else ""
 
 
 def _prompt(value: Any, prompter: Prompter) -> list[int]:
@@ -335,9 +366,9 @@ def parse(endpoint: str, body: Any, prompter: Prompter, server: ServerDefaults) 
     if req.model is not None and req.model not in server.model_names:
         raise ApiError(400, f"model {short(req.model)} is not served here; /v1/models lists "
                             f"{', '.join(server.model_names)}", param="model", code="model_not_found")
-    if req.n not in (None, 1):
-        raise bad_request("n", f"n must be 1 (one choice per request), got {req.n}",
-                          code="unsupported_parameter")
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= MAX_N:
+        raise bad_request("n", f"n must be in 1..{MAX_N} (choices per request), got {req.n}")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options", "stream_options is only allowed with stream: true")
     if endpoint == "chat":
@@ -353,6 +384,10 @@ def parse(endpoint: str, body: Any, prompter: Prompter, server: ServerDefaults) 
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
         max_param, max_tokens, logprobs = "max_tokens", req.max_tokens, req.logprobs
+    echo = endpoint == "completion" and bool(req.echo)
+    stop_token_ids = None
+    if req.stop_token_ids:
+        stop_token_ids = prompter.check_ids(req.stop_token_ids, "stop_token_ids")
     min_tokens = req.min_tokens or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise bad_request("min_tokens", f"min_tokens ({min_tokens}) exceeds {max_param} ({max_tokens})")
@@ -396,4 +431,8 @@ def parse(endpoint: str, body: Any, prompter: Prompter, server: ServerDefaults) 
         max_tokens=max_tokens, sampling=sampling, k=k, drafter=drafter, seed=req.seed,
         stop_strings=stop_strings, stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        logprobs=logprobs, return_token_ids=bool(req.return_token_ids))
+        logprobs=logprobs, return_token_ids=bool(req.return_token_ids), n=n,
+        echo=echo, prompt_text=_prompt_text(req.prompt, prompt_ids, prompter) if echo else None,
+        continuous_usage=bool(req.stream_options and req.stream_options.include_usage
+                              and req.stream_options.continuous_usage_stats),
+        stop_token_ids=stop_token_ids, ignore_eos=bool(req.ignore_eos))
