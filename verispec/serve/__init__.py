@@ -12,7 +12,9 @@ One idea per room:
 | `responses` | OpenAI response bodies and stream chunks |
 | `metrics` | Prometheus metrics (`verispec:` names mirroring vLLM's) |
 | `errors` | the OpenAI error object |
-| `server` | uvicorn in the foreground or a background thread (`BackgroundServer`) |
+| `guard` | `Limits`; the middleware in front of the routes (body size and time, JSON content type, 500s that keep the connection); `parse_json` (depth, integers, surrogates) |
+| `pieces` | each token's own text and real bytes (logprobs) |
+| `server` | uvicorn in the foreground or a background thread (`BackgroundServer`), with a header timeout and a draining shutdown |
 """
 
 from .app import ServeState, create_app
