@@ -120,3 +120,13 @@ def test_speculative_generation_at_a_tiny_temperature_is_the_greedy_output(k, te
     assert math.isfinite(out.stats.alpha_sum)
     after = decoder.generate([3, 1, 4], max_new_tokens=12, temperature=0, k=k)
     assert after.token_ids == ref.token_ids
+
+
+@pytest.mark.parametrize("option,value", [("--repetition-penalty", "1e-300"), ("--repetition-penalty", "1000")])
+def test_the_cli_refuses_them_by_option_name_before_loading(option, value):
+    from typer.testing import CliRunner
+
+    from verispec.cli import app
+
+    result = CliRunner().invoke(app, ["generate", "Hi", "--target", "no-such-model", option, value])
+    assert result.exit_code == 2 and option in result.output

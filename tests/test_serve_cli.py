@@ -81,3 +81,15 @@ def test_the_cli_serves_then_exits_0_on_ctrl_c_with_a_request_in_flight():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_limit_options_default_to_the_limits_the_app_documents():
+    import dataclasses
+    import inspect
+
+    from verispec.cli.serve import serve
+    from verispec.serve.guard import Limits
+
+    params = inspect.signature(serve).parameters
+    for f in dataclasses.fields(Limits):
+        assert params[f.name].default.default == f.default, f.name

@@ -7,8 +7,8 @@ a 2-core machine serves without one request stalling the rest):
 |---|---|---|---|
 | request body size | `--max-request-bytes` | 1 MiB | 413, `code: "request_too_large"` |
 | time for the body to arrive | `--read-timeout` | 30 s | 408, `code: "read_timeout"` |
-| prompt length | `--max-prompt-tokens` | 4096 | 400 naming `prompt` / `messages` |
-| time per request (queue + decode) | `--request-timeout` | 600 s | 408, `code: "request_timeout"` |
+| prompt length | `--max-prompt-tokens` | 2048 | 400 naming `prompt` / `messages` |
+| time per request (queue + decode) | `--request-timeout` | 300 s | 408, `code: "request_timeout"` |
 | JSON nesting depth | (fixed) | 64 | 400 |
 | integers | (fixed) | 64-bit | 400 naming the field |
 
@@ -57,8 +57,8 @@ class Limits:
 
     max_request_bytes: int = 1 << 20
     read_timeout: float = 30.0
-    max_prompt_tokens: int = 4096
-    request_timeout: float = 600.0
+    max_prompt_tokens: int = 2048
+    request_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         for name in ("max_request_bytes", "max_prompt_tokens"):
