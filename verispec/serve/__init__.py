@@ -20,7 +20,8 @@ One idea per room:
 from .app import ServeState, create_app
 from .engine import Engine, Job, Outcome, QueueFull
 from .errors import ApiError
+from .guard import Limits
 from .server import BackgroundServer, bind, make_server, url_of
 
-__all__ = ["ApiError", "BackgroundServer", "Engine", "Job", "Outcome", "QueueFull", "ServeState",
+__all__ = ["ApiError", "BackgroundServer", "Engine", "Job", "Limits", "Outcome", "QueueFull", "ServeState",
            "bind", "create_app", "make_server", "url_of"]
