@@ -124,3 +124,24 @@ def test_help_lists_the_tables(registered):
     text = " ".join(result.output.split())
     for name in ("transformers", "llamacpp", "suffix", "lookup", "standard", "gumbel"):
         assert name in text
+
+
+def test_analyze_measures_a_registered_drafter(registered, tmp_path):
+    from verispec import analyze as an
+    from verispec.prompts import Prompt
+    from verispec.report.analysis import render_tables
+
+    tick = {"n": 0}
+
+    def fake_clock():   # 1 ms per reading: deterministic, positive durations
+        tick["n"] += 1
+        return tick["n"] * 1e-3
+
+    target = load_model("anything", backend="chars")
+    prompts = [Prompt(1, "qa", ("abcabc",), ("qa",), 1)]
+    config = an.AnalyzeConfig(k_max=3, max_new_tokens=16, prefix_tokens=8, repeats=2, warmup=0, measure=True)
+    analysis = an.run_analysis(target, prompts, CharTokenizer().encode, config, drafter_kind="repeat",
+                               clock=fake_clock)
+    assert analysis["drafter"] == "repeat" and analysis["cost_curve"]["draft_kind"] == "repeat"
+    assert analysis["overall"]["n_points"] > 0 and analysis["measured"]["qa"]["points"]
+    assert render_tables(analysis)

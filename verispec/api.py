@@ -26,6 +26,7 @@ from .encoding import encode
 from .models import BACKENDS, backend_class, check_options
 from .models.base import CausalLM
 from .policy import make_policy
+from .policy.adaptive import check_k_max
 from .sampling import SamplingConfig, SeededRandomness
 from .text import TextStream, check_stop_strings
 from .verify import RULES, Rule, gumbel, standard
@@ -178,9 +179,7 @@ class SpeculativeDecoder:
                 or suffix_cache_size < 0:
             raise ValueError(f"suffix_cache_size must be an integer >= 0 (tokens; 0 = off), "
                              f"got {suffix_cache_size!r}")
-        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
-            raise ValueError(f"k_max must be an integer >= 1 (the largest draft length k='auto' "
-                             f"considers), got {k_max!r}")
+        check_k_max(k_max)
         self.k_max = k_max
         self.target = load_model(target, backend=backend, device=device)
         self.draft = load_model(draft, backend=backend, device=device) if draft is not None else None
@@ -351,7 +350,7 @@ class SpeculativeDecoder:
             if not policy.calibrated and drafters and max_new_tokens > 1:
                 policy.calibrate(self.target, ids)   # once per decoder: this machine's cost curve
         else:
-            policy = make_policy(k, drafters)
+            policy = make_policy(k, drafters, k_max=self.k_max)
         the_rule = resolve_rule(rule, k, drafters)
         stream = (TextStream(self.tokenizer, stops, min_tokens=sampling.min_new_tokens)
                   if self.tokenizer is not None else None)

@@ -168,9 +168,12 @@ class Drafter(Protocol):
         ...
 
 
+# Optional parts of the contract (see the module docstring). A drafter has one when it
+# defines the method; the policy asks with isinstance(drafter, SupportsConfidences), etc.
+
 @runtime_checkable
 class SupportsConfidences(Protocol):
-    """Optional: a point-mass drafter's evidence for its proposals (see the module docstring)."""
+    """A point-mass drafter that reports its evidence for each token it would propose."""
 
     def confidences(self, context: Sequence[int]) -> list[Confidence]:
         """Evidence for each token `propose(context, k)` would return, in order
@@ -180,7 +183,7 @@ class SupportsConfidences(Protocol):
 
 @runtime_checkable
 class SupportsCatchup(Protocol):
-    """Optional: a drafter that must read context before drafting (a draft model's cache)."""
+    """A drafter that must read context it lacks before drafting (a draft model's cache)."""
 
     def catchup_tokens(self, context: Sequence[int]) -> int:
         """Context tokens the drafter must read before drafting after `context`."""
@@ -189,7 +192,7 @@ class SupportsCatchup(Protocol):
 
 @runtime_checkable
 class SupportsCalibrate(Protocol):
-    """Optional: a drafter that can time its own catch-up and drafting costs."""
+    """A drafter that can time its own catch-up and drafting (a draft model)."""
 
     def calibrate(self, context: Sequence[int]) -> tuple[float, float] | None:
         """(seconds per caught-up token, seconds per drafted token), timed on a

@@ -134,14 +134,15 @@ class LlamaCppModel(CausalLM):
     @classmethod
     def open(cls, spec: str, *, fetch_missing: bool = True, batch_invariant: bool | None = None,
              n_threads: int | None = None) -> "LlamaCppModel":
-        """`load` the GGUF file `spec` resolves to (`verispec.registry.resolve`), with the
-        Hugging Face tokenizer beside it when there is one.
+        """`load` the GGUF file `spec` resolves to (`verispec.registry.resolve` with
+        weights=False: llama.cpp reads the GGUF itself, so no float32 conversion; the
+        tokenizer is the one beside it, or built from the GGUF's metadata).
 
         Raises:
             UnknownModelError, FileNotFoundError, ChecksumError: from the registry.
             ValueError: when `spec` has no GGUF file.
         """
-        resolved = registry.resolve(spec, fetch_missing=fetch_missing)
+        resolved = registry.resolve(spec, fetch_missing=fetch_missing, weights=False)
         if resolved.gguf_path is None:
             raise ValueError(f"backend 'llamacpp' needs a GGUF file; {spec!r} has none "
                              "(use a registered name or a .gguf path)")
