@@ -266,3 +266,7 @@ def test_every_metric_series_carries_the_model_name(server):
     series = [line for line in client.get("/metrics").text.splitlines() if line and not line.startswith("#")]
     assert series
     assert all('model_name="toy"' in line for line in series), [s for s in series if "model_name" not in s][:3]
+    from verispec.plan.server_alpha import read_acceptance     # the planner's --metrics-url reader
+
+    acceptance = read_acceptance(client.get("/metrics").text, model_name="toy")
+    assert acceptance.model_name == "toy" and acceptance.drafts > 0
