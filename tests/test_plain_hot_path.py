@@ -99,3 +99,18 @@ def test_llamacpp_keeps_torch_to_one_thread_while_decoding_and_restores_it():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("controls", [{}, {"logit_bias": {0: 0.0}}])
+def test_nan_logits_raise_on_the_shortcut_as_on_the_full_path(controls):
+    """The argmax shortcut skips `warp`, so it must keep warp's NaN guard: argmax over NaN
+    logits would otherwise emit an arbitrary token (a silent wrong answer)."""
+    def broken(prefix):
+        out = _tied(prefix)
+        if len(prefix) >= 6:
+            out[4] = float("nan")
+        return out
+
+    model = FunctionModel(broken, VOCAB)
+    with pytest.raises(FloatingPointError, match="NaN logits"):
+        _decode(model, SamplingConfig(temperature=0.0, **controls))

@@ -25,6 +25,11 @@ runner = CliRunner()
     (["--drafter", "psychic"], "--drafter"),
     (["--max-queue", "-1"], "--max-queue"),
     (["--api-key", " "], "--api-key"),
+    (["--api-key", " pad "], "--api-key"),
+    (["--max-request-bytes", "0"], "--max-request-bytes"),
+    (["--max-prompt-tokens", "0"], "--max-prompt-tokens"),
+    (["--request-timeout", "0"], "--request-timeout"),
+    (["--read-timeout", "0"], "--read-timeout"),
 ])
 def test_bad_options_fail_before_loading_anything(args, needle):
     result = runner.invoke(app, ["serve", "--target", "no-such-model", "--port", "0", *args])
@@ -76,3 +81,15 @@ def test_the_cli_serves_then_exits_0_on_ctrl_c_with_a_request_in_flight():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_limit_options_default_to_the_limits_the_app_documents():
+    import dataclasses
+    import inspect
+
+    from verispec.cli.serve import serve
+    from verispec.serve.guard import Limits
+
+    params = inspect.signature(serve).parameters
+    for f in dataclasses.fields(Limits):
+        assert params[f.name].default.default == f.default, f.name

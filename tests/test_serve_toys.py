@@ -8,6 +8,7 @@ cancellation, counters, validation) is tested in milliseconds.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -72,10 +73,12 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:
 
 
 def metric_totals(text: str) -> dict[str, float]:
-    """Prometheus exposition -> {name{labels}: value} (comments skipped)."""
+    """Prometheus exposition -> {name{labels}: value} (comments skipped), the `model_name`
+    label every series carries left out of the key."""
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
+            name = re.sub(r'model_name="[^"]*",?', "", name).replace(",}", "}").replace("{}", "")
             out[name] = float(value)
     return out

@@ -14,8 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from .decoding import DecodeResult, Stats, decode
-from .drafters import (Drafter, SuffixCache, build_drafters, check_drafter_choice, drafter_choices,
-                       drafter_names)
+from .drafters import (
+    Drafter,
+    SuffixCache,
+    build_drafters,
+    check_drafter_choice,
+    drafter_choices,
+    drafter_names,
+)
 from .encoding import encode
 from .models import BACKENDS, backend_class, check_options, default_backend
 from .models.base import CausalLM
@@ -24,7 +30,6 @@ from .policy.adaptive import check_k_max
 from .sampling import SamplingConfig, SeededRandomness
 from .text import TextStream, check_stop_strings
 from .verify import RULES, Rule, gumbel, standard
-
 
 #: `generate`'s sampling keywords at their defaults (the `sampling=` argument replaces them).
 _SAMPLING_DEFAULTS = (0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, None, None, 0)
@@ -264,7 +269,9 @@ class SpeculativeDecoder:
                  frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
                  bad_words_ids: Sequence[Sequence[int]] | None = None,
                  min_new_tokens: int = 0, drafter: str | Drafter | None = None,
-                 sampling: SamplingConfig | None = None) -> GenerationResult:
+                 sampling: SamplingConfig | None = None,
+                 stop_token_ids: Sequence[int] | None = None,
+                 ignore_eos: bool = False) -> GenerationResult:
         """Generate a continuation, exactly distributed as the target's own sampling.
 
         Args:
@@ -302,6 +309,10 @@ class SpeculativeDecoder:
             sampling: all the warps and controls at once, as `sampling_config` builds
                 them (what the server passes); then temperature ... min_new_tokens must
                 keep their defaults.
+            stop_token_ids: more ids that end generation as EOS does (kept in
+                `token_ids`; their text kept unless special), as vLLM's field.
+            ignore_eos: do not stop at the target's EOS ids (benchmarks that need exact
+                output lengths; vLLM's field). min_new_tokens still bans EOS.
 
         Returns:
             GenerationResult(text, token_ids, prompt_ids, stats).
@@ -329,6 +340,7 @@ class SpeculativeDecoder:
         if sampling.min_new_tokens > max_new_tokens:
             raise ValueError(f"min_new_tokens ({sampling.min_new_tokens}) must not exceed "
                              f"max_new_tokens ({max_new_tokens})")
+        eos = _ending_ids(self.target, stop_token_ids, ignore_eos)
         stops = check_stop_strings(stop_strings)
         if stops and self.tokenizer is None:
             raise ValueError("stop_strings need a tokenizer, and this target has none; "
@@ -366,7 +378,8 @@ class SpeculativeDecoder:
         result: DecodeResult = decode(
             self.target, ids, policy, sampling=sampling, max_new_tokens=max_new_tokens,
             rng=SeededRandomness(seed), rule=the_rule, stop=stop if stops else None,
-            on_commit=on_commit if stream is not None else None, observer=observer)
+            on_commit=on_commit if stream is not None else None, observer=observer,
+            eos_token_ids=eos)
         if self.suffix_cache is not None:   # later generations may draft from this output
             self.suffix_cache.add(result.tokens)
         text = ""
@@ -377,6 +390,22 @@ class SpeculativeDecoder:
             text = stream.text
         return GenerationResult(text=text, token_ids=result.tokens, prompt_ids=ids, stats=result.stats,
                                 stop_string=stream.stop_string if stream is not None else None)
+
+
+def _ending_ids(target: CausalLM, stop_token_ids: Sequence[int] | None, ignore_eos: bool) -> frozenset[int]:
+    """The ids that end a generation: the target's EOS (unless ignored) and stop_token_ids.
+
+    Raises:
+        ValueError: naming stop_token_ids or ignore_eos when malformed.
+    """
+    if not isinstance(ignore_eos, bool):
+        raise ValueError(f"ignore_eos must be True or False, got {ignore_eos!r}")
+    extra = []
+    for i in stop_token_ids or ():
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < target.vocab_size:
+            raise ValueError(f"stop_token_ids must hold token ids in 0..{target.vocab_size - 1}, got {i!r}")
+        extra.append(i)
+    return frozenset(extra) | (frozenset() if ignore_eos else target.eos_token_ids)
 
 
 def resolve_rule(rule: str | Rule, k: int | str, drafters: dict) -> Rule:

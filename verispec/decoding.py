@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -284,6 +284,7 @@ def decode(
     stop: Callable[[list[int]], bool] | None = None,
     on_commit: Callable[[list[int]], None] | None = None,
     observer: Callable[[RoundRecord], None] | None = None,
+    eos_token_ids: Collection[int] | None = None,
 ) -> DecodeResult:
     """Generate up to `max_new_tokens` tokens exactly as the target alone would.
 
@@ -304,6 +305,9 @@ def decode(
             exception it raises ends the generation there and propagates (a server's
             cancellation): the target's cache then holds the committed sequence but
             its last token, the drafters are rolled back to it, and nothing else runs.
+        eos_token_ids: the ids that end generation (kept in the output, finish reason
+            "eos"); None = the target's. A server passes the target's plus a request's
+            `stop_token_ids`, or only those to ignore EOS.
 
     Returns:
         DecodeResult with the new tokens (EOS included when it ended
@@ -329,7 +333,8 @@ def decode(
         t = time.perf_counter()
         target.forward(seq[len(target.tokens):-1], keep=1)
         stats.prefill_seconds = time.perf_counter() - t
-    vocab, eos = target.vocab_size, target.eos_token_ids
+    vocab = target.vocab_size
+    eos = target.eos_token_ids if eos_token_ids is None else frozenset(eos_token_ids)
     # a plain greedy step needs only the argmax of the raw logits: the warped p is the point
     # mass there (ties to the lowest id in both) and every exact rule emits that token at k = 0
     argmax_only = sampling.greedy and not sampling.has_controls
@@ -352,7 +357,10 @@ def decode(
             before = target.forward_seconds
             logits = target.sync(seq, keep=1)
             t_target = target.forward_seconds - before
-            n, y = 0, int(logits[-1].argmax())
+            top, y = logits[-1].max(-1)          # max propagates NaN: the same guard as `warp`
+            if top.isnan():
+                raise FloatingPointError("the model returned NaN logits; no distribution can be sampled from them")
+            n, y = 0, int(y)
         else:
             logits, p, t_target = _verification_forward(target, seq, x, sampling, width, len(prompt))
             if not k:

@@ -9,6 +9,13 @@ Chen et al. 2023, Algorithm 2).
 Temperature 0 means greedy: the warped distribution is a point mass on the
 argmax (ties broken towards the lowest token id, as `torch.argmax` does), so
 greedy decoding is the special case of sampling with point-mass p and q.
+
+Every value `SamplingConfig` accepts gives finite p and q summing to 1. Where a
+setting has a mathematical limit, that limit is computed instead of the overflow:
+a temperature so small that logits / T overflows is greedy (softmax(l / T) tends
+to the point mass on the argmax as T -> 0), and a top_p below the top token's
+probability keeps the top token (the nucleus is never empty). A setting with no
+such limit is refused by name (`REPETITION_PENALTY_RANGE`, `LOGIT_BIAS_LIMIT`).
 """
 
 from __future__ import annotations
@@ -39,6 +46,13 @@ class SettingError(ValueError):
         self.name = name
 
 
+#: Accepted repetition penalties r: l / r and l · r must stay finite for any float32
+#: logit (r -> 0 or r -> inf has no distribution to tend to); 1 = off.
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+#: Largest |logit_bias| (logits + bias must stay finite); OpenAI's API allows ±100.
+LOGIT_BIAS_LIMIT = 1e6
+
+
 def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -55,11 +69,12 @@ class SamplingConfig:
         min_p: keep tokens with probability >= min_p · (the largest probability),
             after temperature, top-k and top-p (Nguyen et al. 2024, "min-p
             sampling"); in [0, 1], 0 disables it.
-        repetition_penalty: > 0; 1 disables it (CTRL / HF definition, `verispec.controls`).
+        repetition_penalty: in `REPETITION_PENALTY_RANGE` ([0.01, 100]); 1 disables it
+            (CTRL / HF definition, `verispec.controls`).
         presence_penalty, frequency_penalty: in [-2, 2] (OpenAI's definitions, over
             generated tokens); 0 disables them.
         logit_bias: {token id: bias} added to the logits (a mapping, or pairs);
-            finite biases.
+            biases with |bias| <= `LOGIT_BIAS_LIMIT`.
         bad_words_ids: token-id sequences never generated (HF `bad_words_ids`).
         min_new_tokens: >= 0; `eos_token_ids` are banned until that many new tokens
             (and stop strings are not matched before, see `verispec.api`).
@@ -91,8 +106,9 @@ class SamplingConfig:
             raise SettingError("top_p", f"top_p must be in (0, 1] (1 = no nucleus filter), got {self.top_p!r}")
         if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
             raise SettingError("min_p", f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
-        if not _is_real(self.repetition_penalty) or not 0 < self.repetition_penalty < math.inf:
-            raise SettingError("repetition_penalty", f"repetition_penalty must be finite and > 0 "
+        low, high = REPETITION_PENALTY_RANGE
+        if not _is_real(self.repetition_penalty) or not low <= self.repetition_penalty <= high:
+            raise SettingError("repetition_penalty", f"repetition_penalty must be in [{low:g}, {high:g}] "
                                                      f"(1 = off), got {self.repetition_penalty!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
@@ -110,8 +126,9 @@ class SamplingConfig:
                 raise SettingError("logit_bias", f"logit_bias must map token ids to biases, got {bias!r}")
             tok, b = pair
             tok = _token_id(tok, "logit_bias")
-            if not _is_real(b) or not math.isfinite(b):
-                raise SettingError("logit_bias", f"logit_bias[{tok}] must be a finite number, got {b!r}")
+            if not _is_real(b) or not abs(b) <= LOGIT_BIAS_LIMIT:
+                raise SettingError("logit_bias", f"logit_bias[{tok}] must be a number in "
+                                                 f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}], got {b!r}")
             clean[tok] = clean.get(tok, 0.0) + float(b)
         object.__setattr__(self, "logit_bias", tuple(sorted(clean.items())))
         words = []
@@ -172,11 +189,14 @@ def warp(logits: torch.Tensor, config: SamplingConfig, history: Sequence[int] | 
     Returns:
         [..., V] float32 probabilities summing to 1 over the last axis
         (float64 logits stay float64, for exact enumeration). Greedy
-        gives a one-hot vector at the argmax. Order follows HF `generate()`:
-        the controls, then temperature, top-k, top-p, min-p.
+        gives a one-hot vector at the argmax, and so does a row whose logits / T
+        overflow (the T -> 0 limit). Order follows HF `generate()`:
+        the controls, then temperature, top-k, top-p, min-p. Always finite.
 
     Raises:
-        ValueError: if the config has controls and no history is given.
+        ValueError: if the config has controls and no history is given, or the controls
+            ban every token of a row.
+        FloatingPointError: if the logits hold NaN (a fault of the model, not of the config).
     """
     if logits.dtype != torch.float64:
         logits = logits.float()
@@ -184,11 +204,22 @@ def warp(logits: torch.Tensor, config: SamplingConfig, history: Sequence[int] | 
         if history is None:
             raise ValueError("this SamplingConfig has history-dependent controls: pass history")
         logits = apply_controls(logits, config, history, n_prompt, drafts)
+    if bool(torch.isnan(logits).any()):
+        raise FloatingPointError("the model returned NaN logits; no distribution can be sampled from them")
+    logits_before_t = logits
+    allowed = logits > float("-inf")
+    if not bool(allowed.any(-1).all()):
+        raise ValueError("the sampling controls ban every token at this position (bad_words_ids, "
+                         "min_new_tokens with eos_token_ids or logit_bias): allow at least one")
     if config.greedy:
-        out = torch.zeros_like(logits)
-        out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-        return out
-    logits = logits / config.temperature
+        return _point_mass(logits)
+    # -inf (banned) stays -inf whatever T is; a finite logit whose l / T overflows means T is
+    # too small to divide by: that row takes the limit T -> 0, the point mass on the argmax
+    scaled = torch.where(allowed, logits / config.temperature, logits)
+    overflow = (allowed & ~torch.isfinite(scaled)).any(-1, keepdim=True)
+    if bool(overflow.any()):
+        scaled = torch.where(overflow, torch.zeros_like(scaled), scaled)
+    logits = scaled
     vocab = logits.shape[-1]
     if 0 < config.top_k < vocab:
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
@@ -196,9 +227,12 @@ def warp(logits: torch.Tensor, config: SamplingConfig, history: Sequence[int] | 
     if config.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(-1)
-        # mass strictly before each token; keep a token while that mass < top_p
+        # mass strictly before each token; keep a token while that mass < top_p. The top
+        # token is always kept: a top_p below its probability (or one that rounds to 0 in
+        # float32) leaves the nucleus {top token}, never an empty set.
         before = sorted_probs.cumsum(-1) - sorted_probs
         drop_sorted = before >= config.top_p
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(-1)
@@ -206,7 +240,18 @@ def warp(logits: torch.Tensor, config: SamplingConfig, history: Sequence[int] | 
         keep = probs >= config.min_p * probs.amax(-1, keepdim=True)
         probs = probs * keep
         probs = probs / probs.sum(-1, keepdim=True)
+    if bool(overflow.any()):
+        probs = torch.where(overflow, _point_mass(logits_before_t), probs)
+    if not bool(torch.isfinite(probs).all()):   # a guard: no accepted setting gets here
+        raise FloatingPointError(f"warping produced non-finite probabilities for {config}")
     return probs
+
+
+def _point_mass(logits: torch.Tensor) -> torch.Tensor:
+    """One-hot at the argmax of each row (ties: the lowest id, as `torch.argmax`)."""
+    out = torch.zeros_like(logits)
+    out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return out
 
 
 class Randomness(Protocol):

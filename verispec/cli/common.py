@@ -43,7 +43,7 @@ def sampling_or_fail(temperature: float, top_k: int, top_p: float, **controls):
 # The sampling controls' options, shared by every command that samples.
 MIN_P = typer.Option(0.0, "--min-p", help="keep tokens with p >= min_p * max p; 0 = off")
 REPETITION_PENALTY = typer.Option(1.0, "--repetition-penalty",
-                                  help="> 0; divides positive / multiplies negative logits of seen ids; 1 = off")
+                                  help="in [0.01, 100]; divides positive / multiplies negative logits of seen ids; 1 = off")
 PRESENCE_PENALTY = typer.Option(0.0, "--presence-penalty", help="in [-2, 2], over generated tokens; 0 = off")
 FREQUENCY_PENALTY = typer.Option(0.0, "--frequency-penalty", help="in [-2, 2], over generated tokens; 0 = off")
 LOGIT_BIAS = typer.Option(None, "--logit-bias", help="ID=BIAS added to that token's logit (repeatable)")

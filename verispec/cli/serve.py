@@ -46,22 +46,35 @@ def serve(
     batch_invariant: bool | None = BATCH_INVARIANT,
     graceful_seconds: float = typer.Option(10.0, "--graceful-seconds", min=0.0,
                                            help="at shutdown, seconds in-flight requests get before they are cancelled"),
+    max_request_bytes: int = typer.Option(1 << 20, "--max-request-bytes", min=1,
+                                          help="largest request body (413 beyond)"),
+    max_prompt_tokens: int = typer.Option(2048, "--max-prompt-tokens", min=1,
+                                          help="longest prompt in tokens, chat template included (400 beyond)"),
+    request_timeout: float = typer.Option(300.0, "--request-timeout", min=0.001,
+                                          help="seconds from arrival to the last token, queue included (408 beyond)"),
+    read_timeout: float = typer.Option(30.0, "--read-timeout", min=0.001,
+                                       help="seconds a client has to send its request headers, and its body"),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn's log level"),
 ) -> None:
     """Serve the target (with speculative decoding) over an OpenAI-compatible HTTP API."""
     from ..serve import bind, create_app, make_server, url_of
+    from ..serve.guard import Limits, check_api_key   # the option defaults above are Limits'
 
     k_value = parse_k(k)
     check_rule(rule)
-    if api_key is not None and not api_key.strip():
-        fail("--api-key is empty")
+    try:
+        check_api_key(api_key)
+    except ValueError as e:
+        fail(str(e).replace("api_key", "--api-key"))
+    limits = Limits(max_request_bytes=max_request_bytes, read_timeout=read_timeout,
+                    max_prompt_tokens=max_prompt_tokens, request_timeout=request_timeout)
     try:
         sock = bind(host, port)
     except OSError as e:
         fail(f"{e} (--host/--port)")
     url = url_of(sock)
     app = create_app(None, model_name=served_model_name, k=k_value, rule=rule, api_key=api_key,
-                     max_queue=max_queue, prefix_reuse=not no_prefix_reuse)
+                     max_queue=max_queue, prefix_reuse=not no_prefix_reuse, limits=limits)
     server = make_server(app, log_level=log_level, graceful_seconds=graceful_seconds)
     failure: list[int] = []
 

@@ -12,13 +12,16 @@ One idea per room:
 | `responses` | OpenAI response bodies and stream chunks |
 | `metrics` | Prometheus metrics (`verispec:` names mirroring vLLM's) |
 | `errors` | the OpenAI error object |
-| `server` | uvicorn in the foreground or a background thread (`BackgroundServer`) |
+| `guard` | `Limits`; the middleware in front of the routes (body size and time, JSON content type, 500s that keep the connection); `parse_json` (depth, integers, surrogates) |
+| `pieces` | each token's own text and real bytes (logprobs) |
+| `server` | uvicorn in the foreground or a background thread (`BackgroundServer`), with a header timeout and a draining shutdown |
 """
 
 from .app import ServeState, create_app
 from .engine import Engine, Job, Outcome, QueueFull
 from .errors import ApiError
+from .guard import Limits
 from .server import BackgroundServer, bind, make_server, url_of
 
-__all__ = ["ApiError", "BackgroundServer", "Engine", "Job", "Outcome", "QueueFull", "ServeState",
+__all__ = ["ApiError", "BackgroundServer", "Engine", "Job", "Limits", "Outcome", "QueueFull", "ServeState",
            "bind", "create_app", "make_server", "url_of"]

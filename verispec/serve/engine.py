@@ -19,6 +19,12 @@ Guarantees (batch size 1):
   end of the round in flight (`RequestProgress.observe` raises), so at most one more
   round is decoded; the caches then hold the committed tokens and the next request
   starts at once. A request cancelled while queued is never decoded.
+* Time limit: a request whose `Job.deadline` passes is stopped the same way (checked
+  when it leaves the queue and after every round) and answered with a 408 naming the
+  server's ``--request-timeout``.
+* Shutdown (`drain`): queued requests get a 503; the one decoding gets a grace period,
+  then stops after its round; a stream then ends with a final chunk (finish reason
+  "abort", as vLLM's) and ``[DONE]``.
 * Any exception from `generate` other than a `ValueError` (bad input: 400) empties both
   caches before the next request (500): a failed forward may leave them out of step.
 """
@@ -36,10 +42,12 @@ from dataclasses import dataclass, field
 
 from .errors import ApiError, bad_request
 from .metrics import ServerMetrics
-from .progress import Cancelled, RequestProgress, TokenLogprob
+from .progress import Cancelled, Chunk, RequestProgress, TokenLogprob, token_logprobs
 from .schema import GenerationRequest
 
 log = logging.getLogger("verispec.serve")
+
+PROMPT_BLOCK = 256      # prompt tokens scored per forward for echo + logprobs
 
 
 class QueueFull(Exception):
@@ -62,6 +70,8 @@ class Outcome:
         logprobs: one `TokenLogprob` per id when asked for, else empty.
         cached_tokens: prompt tokens the KV cache already held.
         metrics: vLLM's per-request timing fields plus `speculative_decoding`.
+        prompt_logprobs: with echo and logprobs, one per prompt token (the first with
+            logprob None: nothing precedes it).
     """
 
     text: str
@@ -70,6 +80,7 @@ class Outcome:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class Job:
@@ -94,6 +105,8 @@ class Job:
         self.finish_reason: str | None = None       # stop, length, abort, error
         self.cancel_requested = threading.Event()
         self.rounds_at_cancel: int | None = None
+        self.deadline: float | None = None      # perf_counter reading; None = no time limit
+        self.shutting_down = False
         self.progress: RequestProgress | None = None
         self.loop = loop or asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
@@ -171,6 +184,29 @@ class Engine:
         with self._cv:
             return not self._queue and self.current is None
 
+    def drain(self, grace: float) -> None:
+        """Graceful shutdown: refuse new requests, answer the queued ones with a 503, let
+        the one decoding run up to `grace` seconds, then stop it after its round."""
+        with self._cv:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self.metrics.waiting.set(0)
+        for job in pending:
+            job.cancel()
+            self._finish(job, "abort")
+            job.post(_shutting_down())
+        end = time.monotonic() + grace
+        while True:
+            with self._cv:
+                current = self.current
+            if current is None or time.monotonic() >= end:
+                break
+            time.sleep(0.02)
+        if current is not None:
+            current.shutting_down = True
+            current.cancel()
+
     def close(self, timeout: float | None = 30.0) -> None:
         """Refuse new requests, cancel the queued ones and the one decoding, and stop the
         worker (it finishes the round in flight)."""
@@ -184,8 +220,9 @@ class Engine:
         for job in pending:
             job.cancel()
             self._finish(job, "abort")
-            job.post(ApiError(503, "the server is shutting down"))
+            job.post(_shutting_down())
         if current is not None:
+            current.shutting_down = True
             current.cancel()
         self._thread.join(timeout)
 
@@ -227,23 +264,40 @@ class Engine:
             self._finish(job, "abort")
             job.post(ApiError(503, "the request was cancelled"))
             return
+        if job.deadline is not None and time.perf_counter() > job.deadline:
+            self._finish(job, "abort")
+            job.post(_timed_out(job, 0))
+            return
         job.started = time.perf_counter()
         self.metrics.running.set(1)
         tokenizer = self.decoder.tokenizer
         progress = RequestProgress(tokenizer, logprobs=req.logprobs,
                                    emit=job.post if req.stream else None,
-                                   cancelled=job.cancel_requested)
+                                   cancelled=job.cancel_requested, deadline=job.deadline)
         job.progress = progress
         cached = self._reuse(req.prompt_ids)
+        prompt_lps: list[TokenLogprob] = []
         try:
+            if req.echo and req.logprobs is not None:
+                prompt_lps, cached = self._prompt_logprobs(req, progress), 0
+            if req.echo and req.stream:
+                job.post(Chunk(req.prompt_text or "", [], prompt_lps))
             result = self.decoder.generate(
                 req.prompt_ids, max_new_tokens=req.max_tokens, sampling=req.sampling, k=req.k,
                 drafter=req.drafter, seed=req.seed, stop_strings=req.stop_strings, rule=self.rule,
+                stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
                 on_text=progress.on_text if req.stream and tokenizer is not None else None,
                 observer=progress.observe)
         except Cancelled:
             self._finish(job, "abort", cached)
-            job.post(ApiError(503, "the request was cancelled"))
+            if progress.expired:
+                job.post(_timed_out(job, len(progress.token_ids)))
+            elif job.shutting_down:     # what was generated, ended as vLLM ends an aborted request
+                progress.finish(progress.text_sent)
+                job.post(Outcome(text=progress.text_sent, token_ids=list(progress.token_ids),
+                                 finish_reason="abort", logprobs=progress.logprobs, cached_tokens=cached))
+            else:
+                job.post(ApiError(503, "the request was cancelled"))
             return
         except ValueError as e:                    # bad input the parser did not catch
             self._finish(job, "error", cached)
@@ -264,10 +318,28 @@ class Engine:
         outcome = Outcome(
             text=result.text, token_ids=list(result.token_ids),
             finish_reason=result.finish_reason,
-            logprobs=progress.logprobs, cached_tokens=cached,
+            logprobs=progress.logprobs, cached_tokens=cached, prompt_logprobs=prompt_lps,
             metrics={**progress.timing(job.arrival, job.started, finished), "speculative_decoding": spec})
         self._finish(job, outcome.finish_reason, cached, finished)
         job.post(outcome)
+
+    def _prompt_logprobs(self, req: GenerationRequest, progress: RequestProgress) -> list[TokenLogprob]:
+        """Each prompt token's log-probability given the tokens before it (echo + logprobs).
+
+        The target's cache is emptied and the prompt (but its last token) scored in
+        blocks of `PROMPT_BLOCK` tokens, keeping every row: these forwards are also the
+        prefill `generate` then skips, so the prompt is computed once. Blocks bound the
+        memory to PROMPT_BLOCK x V logits at a time.
+        """
+        ids, target = req.prompt_ids, self.decoder.target
+        target.truncate(0)
+        text, raw = progress.pieces(ids[0])
+        out = [TokenLogprob(ids[0], text, None, [], raw)]      # nothing precedes the first token
+        for start in range(0, len(ids) - 1, PROMPT_BLOCK):
+            block = ids[start:min(start + PROMPT_BLOCK, len(ids) - 1)]
+            rows = target.forward(block)
+            out += token_logprobs(rows, ids[start + 1:start + 1 + len(block)], req.logprobs, progress.pieces)
+        return out
 
     def _hard_reset(self) -> None:
         for model in (self.decoder.target, self.decoder.draft):
@@ -290,3 +362,15 @@ class Engine:
                              "rounds_at_cancel": job.rounds_at_cancel,
                              "tokens": len(progress.token_ids) if progress else 0})
         job.finish_reason = reason
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down; retry later or on another replica",
+                    code="server_shutting_down")
+
+
+def _timed_out(job: Job, tokens: int) -> ApiError:
+    limit = job.deadline - job.arrival if job.deadline is not None else 0.0
+    return ApiError(408, f"the request ran past the server's time limit of {limit:g} s "
+                         f"(--request-timeout; {tokens} tokens were generated): ask for fewer "
+                         "max_tokens or a shorter prompt", code="request_timeout")

@@ -23,6 +23,8 @@ reports, so summed over responses they equal the totals here exactly:
 | `verispec:num_requests_running`, `verispec:num_requests_waiting` | gauge | now: decoding (0 or 1), queued |
 
 (The exposition appends `_total` to counters, as vLLM's do: `vllm:spec_decode_num_drafts_total`.)
+Every series carries a `model_name` label (the served model name), as vLLM's do, so
+dashboards and readers written for vLLM can filter on it.
 """
 
 from __future__ import annotations
@@ -43,14 +45,29 @@ class ServerMetrics:
     """The server's Prometheus metrics, in their own registry (several apps can coexist).
 
     Args:
+        model_name: the value of every series' `model_name` label.
         registry: where to register; default a fresh `CollectorRegistry`.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, model_name: str = "", registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
+
+        def named(metric, labels=()):
+            # a metric with no other label: its one child; with others: a labels() that
+            # takes only them
+            if not labels:
+                return metric.labels(model_name=model_name)
+            return _Partial(metric, model_name)
 
         def counter(name, doc, labels=()):
-            return Counter(f"verispec:{name}", doc, list(labels), registry=r)
+            return named(Counter(f"verispec:{name}", doc, ["model_name", *labels], registry=r), labels)
+
+        def histogram(name, doc, buckets):
+            return named(Histogram(f"verispec:{name}", doc, ["model_name"], buckets=buckets, registry=r))
+
+        def gauge(name, doc):
+            return named(Gauge(f"verispec:{name}", doc, ["model_name"], registry=r))
 
         self.requests = counter("request_success", "Finished requests by finish reason "
                                 "(stop, length, abort, error).", ["finished_reason"])
@@ -67,19 +84,15 @@ class ServerMetrics:
         self.alpha_sum = counter("spec_decode_alpha_sum", "Sum of Σ min(p, q) over verified draft "
                                  "positions (exact α = this / num_verified_tokens).")
         self.verified = counter("spec_decode_num_verified_tokens", "Draft positions verified.")
-        self.acceptance_length = Histogram(
-            "verispec:spec_decode_acceptance_length", "Tokens committed by a round with drafts: "
-            "accepted drafts + 1.", buckets=[i + 0.5 for i in range(17)], registry=r)
-        self.ttft = Histogram("verispec:time_to_first_token_seconds", "Arrival to first token.",
-                              buckets=_LATENCY, registry=r)
-        self.itl = Histogram("verispec:inter_token_latency_seconds", "Seconds per token after the "
-                             "first round.", buckets=_ITL, registry=r)
-        self.e2e = Histogram("verispec:e2e_request_latency_seconds", "Arrival to finish.",
-                             buckets=_LATENCY, registry=r)
-        self.queue_time = Histogram("verispec:request_queue_time_seconds", "Arrival to start of decoding.",
-                                    buckets=_LATENCY, registry=r)
-        self.running = Gauge("verispec:num_requests_running", "Requests being decoded (0 or 1).", registry=r)
-        self.waiting = Gauge("verispec:num_requests_waiting", "Requests queued.", registry=r)
+        self.acceptance_length = histogram(
+            "spec_decode_acceptance_length", "Tokens committed by a round with drafts: "
+            "accepted drafts + 1.", [i + 0.5 for i in range(17)])
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", _LATENCY)
+        self.itl = histogram("inter_token_latency_seconds", "Seconds per token after the first round.", _ITL)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY)
+        self.queue_time = histogram("request_queue_time_seconds", "Arrival to start of decoding.", _LATENCY)
+        self.running = gauge("num_requests_running", "Requests being decoded (0 or 1).")
+        self.waiting = gauge("num_requests_waiting", "Requests queued.")
         for reason in ("stop", "length", "abort", "error"):
             self.requests.labels(reason)    # exported at 0 from the start
 
@@ -123,3 +136,13 @@ class ServerMetrics:
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""
         return generate_latest(self.registry)
+
+
+class _Partial:
+    """A labelled metric whose `model_name` is already given: `.labels(*others)`."""
+
+    def __init__(self, metric, model_name: str) -> None:
+        self.metric, self.model_name = metric, model_name
+
+    def labels(self, *values: str):
+        return self.metric.labels(self.model_name, *values)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..decoding import RoundRecord, Stats
+from .pieces import Pieces
 
 LOGPROB_FLOOR = -9999.0   # stands for log 0 (-inf is not JSON)
 
@@ -44,14 +45,17 @@ class TokenLogprob:
 
     Attributes:
         token_id, token: the id and its own text (special tokens included).
-        logprob: natural log, >= LOGPROB_FLOOR.
-        top: the `n` most likely (id, text, logprob) at that position, most likely first.
+        logprob: natural log, >= LOGPROB_FLOOR (None: the first prompt token, under echo).
+        top: the `n` most likely (id, text, logprob, bytes) at that position, most likely first.
+        bytes: the token's real bytes (`verispec.serve.pieces`: a byte-level piece of a
+            character is its byte, not U+FFFD).
     """
 
     token_id: int
     token: str
-    logprob: float
-    top: list[tuple[int, str, float]] = field(default_factory=list)
+    logprob: float | None
+    top: list[tuple[int, str, float, list[int]]] = field(default_factory=list)
+    bytes: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -72,6 +76,8 @@ class RequestProgress:
             for no logprobs (nothing is computed then).
         emit: called with each `Chunk` (streaming), or None.
         cancelled: set from another thread to stop after the current round.
+        deadline: a `clock` reading after which the next round's `observe` raises
+            `Cancelled` (the request's time limit), or None.
         clock: seconds, monotonic.
 
     Attributes:
@@ -84,10 +90,12 @@ class RequestProgress:
 
     def __init__(self, tokenizer=None, logprobs: int | None = None,
                  emit: Callable[[Chunk], None] | None = None,
-                 cancelled: threading.Event | None = None,
+                 cancelled: threading.Event | None = None, deadline: float | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.tokenizer, self.n_logprobs, self.emit = tokenizer, logprobs, emit
+        self.pieces = pieces_of(tokenizer)
         self.cancelled = cancelled or threading.Event()
+        self.deadline, self.expired = deadline, False
         self.clock = clock
         self.stats = Stats()
         self.rounds = 0
@@ -119,6 +127,9 @@ class RequestProgress:
             if self.tokenizer is None:       # no text will come: the ids are the chunk
                 self._flush("")
         if self.cancelled.is_set():
+            raise Cancelled()
+        if self.deadline is not None and now > self.deadline:
+            self.expired = True
             raise Cancelled()
 
     def on_text(self, text: str) -> None:
@@ -215,23 +226,53 @@ class RequestProgress:
         if self.emit is not None:
             self.emit(chunk)
 
-    def _piece(self, token_id: int) -> str:
-        if self.tokenizer is None:
-            return str(token_id)
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
     def _logprobs(self, logits: torch.Tensor | None, tokens: list[int]) -> list[TokenLogprob]:
         if logits is None:
             raise RuntimeError("the decoder's RoundRecord carries no logits; logprobs need them")
-        rows = torch.log_softmax(logits[:len(tokens)].double(), dim=-1)
-        out = []
-        for row, tok in zip(rows, tokens):
-            top = []
-            if self.n_logprobs:
-                values, ids = torch.topk(row, min(self.n_logprobs, row.shape[-1]))
-                top = [(int(i), self._piece(int(i)), _finite(float(v))) for v, i in zip(values, ids)]
-            out.append(TokenLogprob(tok, self._piece(tok), _finite(float(row[tok])), top))
-        return out
+        return token_logprobs(logits[:len(tokens)], tokens, self.n_logprobs or 0, self.pieces)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], n_top: int, pieces: Pieces) -> list[TokenLogprob]:
+    """Log-probabilities of `tokens` under raw logits.
+
+    Args:
+        logits: [n, V] raw logits; row i is the distribution `tokens[i]` was drawn from
+            (for prompt tokens: the logits after the tokens before it).
+        tokens: n token ids.
+        n_top: alternatives per position (0: the token only).
+        pieces: token texts and bytes.
+
+    Returns:
+        n `TokenLogprob`s (natural log of softmax in float64, floored at LOGPROB_FLOOR).
+    """
+    rows = torch.log_softmax(logits.double(), dim=-1)
+    out = []
+    for row, tok in zip(rows, tokens):
+        top = []
+        if n_top:
+            values, ids = torch.topk(row, min(n_top, row.shape[-1]))
+            top = [(int(i), *_text_and_bytes(pieces, int(i), _finite(float(v)))) for v, i in zip(values, ids)]
+        text, raw = pieces(tok)
+        out.append(TokenLogprob(tok, text, _finite(float(row[tok])), top, raw))
+    return out
+
+
+def _text_and_bytes(pieces: Pieces, token_id: int, logprob: float) -> tuple[str, float, list[int]]:
+    text, raw = pieces(token_id)
+    return text, logprob, raw
+
+
+_PIECES: dict[int, tuple[object, Pieces]] = {}
+_PIECES_LOCK = threading.Lock()
+
+
+def pieces_of(tokenizer) -> Pieces:
+    """The cached `Pieces` of a tokenizer (one per tokenizer object)."""
+    with _PIECES_LOCK:
+        hit = _PIECES.get(id(tokenizer))
+        if hit is None or hit[0] is not tokenizer:
+            hit = _PIECES[id(tokenizer)] = (tokenizer, Pieces(tokenizer))
+        return hit[1]
 
 
 def _finite(x: float) -> float:

@@ -9,9 +9,15 @@ settings' ranges, the drafter and the prompt's encoding by the API's own code
 needs the model (prompt length, token ids, the context) is checked here.
 
 Fields the server does not implement are refused by name, never silently ignored;
-each is accepted only with its neutral value (e.g. ``"echo": false``, ``"n": 1``,
-``"tools": []``), so clients that always send the defaults keep working. Unknown
-fields are refused too (as OpenAI's API does).
+each is accepted only with its neutral value (e.g. ``"tools": []``, ``"echo": false`` on
+chat), so clients that always send the defaults keep working. Unknown fields are
+refused too (as OpenAI's API does).
+
+What the clients people bring send is implemented: ``n`` up to `MAX_N` (choice i is
+decoded with seed + i: `choice_seeds`), completions' ``echo`` (with ``logprobs``: the
+prompt tokens' log-probabilities, lm-eval's loglikelihood), vLLM's ``ignore_eos`` and
+``stop_token_ids`` (guidellm sends ``ignore_eos``) and
+``stream_options.continuous_usage_stats`` (usage in every chunk; guidellm always sends it).
 
 Defaults: ``temperature`` 1 and ``top_p`` 1 (OpenAI's); a missing ``max_tokens`` means
 the rest of the context (context length − prompt tokens), as vLLM does; ``k`` and
@@ -28,12 +34,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..sampling import SamplingConfig, SettingError
-from .errors import ApiError, bad_request
+from .errors import ApiError, bad_request, short
 from .tokens import ROLES, Prompter
 
 MAX_STOP = 16        # stop strings per request
 MAX_LOGPROBS = 20    # alternatives per token (vLLM's default limit; OpenAI's is 20 for chat)
 MAX_K = 64           # drafts per round a request may ask for
+MAX_N = 16           # choices per request
 
 #: Fields OpenAI or vLLM define that verispec does not implement -> the values that mean
 #: "not used" (accepted and dropped). Anything else is a 400 naming the field.
@@ -43,10 +50,10 @@ UNSUPPORTED: dict[str, tuple] = {
     "response_format": (None, {"type": "text"}), "echo": (None, False), "suffix": (None, ""),
     "best_of": (None, 1), "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
     "reasoning_effort": (None,), "service_tier": (None, "auto", "default"), "store": (None, False),
-    "metadata": (None, {}), "web_search_options": (None,), "ignore_eos": (None, False),
+    "metadata": (None, {}), "web_search_options": (None,),
     "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
     "spaces_between_special_tokens": (None, True), "use_beam_search": (None, False),
-    "length_penalty": (None, 1.0, 1), "stop_token_ids": (None, []), "bad_words": (None, []),
+    "length_penalty": (None, 1.0, 1), "bad_words": (None, []),
     "allowed_token_ids": (None,), "prompt_logprobs": (None,), "guided_json": (None,),
     "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
     "structured_outputs": (None,), "chat_template": (None,), "chat_template_kwargs": (None, {}),
@@ -59,10 +66,12 @@ UNSUPPORTED: dict[str, tuple] = {
 
 
 class StreamOptions(BaseModel):
-    """OpenAI's `stream_options`: `include_usage` adds a last chunk with usage and metrics."""
+    """OpenAI's `stream_options`: `include_usage` adds a last chunk with usage and metrics;
+    vLLM's `continuous_usage_stats` (with it) puts the usage so far in every chunk."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
 
 
 class _Common(BaseModel):
@@ -90,6 +99,8 @@ class _Common(BaseModel):
     k: Any = None
     drafter: str | None = None
     return_token_ids: bool | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
 
 
 class ChatRequest(_Common):
@@ -106,6 +117,7 @@ class CompletionRequest(_Common):
 
     prompt: Any = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool | None = None
 
 
 @dataclass
@@ -144,6 +156,9 @@ class GenerationRequest:
         logprobs: alternatives per token when log-probabilities were asked for (0 = the
             chosen token only), else None.
         return_token_ids: add `token_ids` / `prompt_token_ids` to the response.
+        echo, prompt_text: completions: start the text (and logprobs) with the prompt.
+        continuous_usage: usage in every stream chunk (`stream_options.continuous_usage_stats`).
+        n: choices; choice i is decoded with seed + i (`choice_seeds`).
     """
 
     endpoint: str
@@ -159,6 +174,12 @@ class GenerationRequest:
     include_usage: bool = False
     logprobs: int | None = None
     return_token_ids: bool = False
+    echo: bool = False
+    prompt_text: str | None = None
+    continuous_usage: bool = False
+    n: int = 1
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
 
 
 #: `SamplingConfig`'s argument names -> the request's field names, where they differ.
@@ -176,7 +197,7 @@ def _validate(cls: type[BaseModel], body: Any) -> BaseModel:
     if not isinstance(body, dict):
         raise bad_request(None, f"the request body must be a JSON object, got {type(body).__name__}")
     for name, value in list(body.items()):
-        if name in UNSUPPORTED:
+        if name in UNSUPPORTED and name not in cls.model_fields:
             neutral = UNSUPPORTED[name]
             if value is not None and not any(type(value) is type(n) and value == n for n in neutral):
                 accepted = " or ".join(json.dumps(n) for n in neutral)
@@ -184,13 +205,13 @@ def _validate(cls: type[BaseModel], body: Any) -> BaseModel:
                                         f"{accepted}, meaning not used)", code="unsupported_parameter")
             body = {k: v for k, v in body.items() if k != name}
         elif name not in cls.model_fields:
-            raise bad_request(name, f"unrecognized request field {name!r}", code="unknown_parameter")
+            raise bad_request(name, f"unrecognized request field {short(name)}", code="unknown_parameter")
     try:
         return cls.model_validate(body)
     except ValidationError as e:
         err = e.errors()[0]
         param = _param(err["loc"])
-        raise bad_request(param, f"{param}: {err['msg']} (got {err.get('input')!r})") from None
+        raise bad_request(param, f"{param}: {err['msg']} (got {short(err.get('input'))})") from None
 
 
 def _messages(value: Any) -> list[dict]:
@@ -214,7 +235,7 @@ def _messages(value: Any) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise bad_request(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}, "
-                                               f"got {role!r}")
+                                               f"got {short(role)}")
         content = m.get("content")
         if isinstance(content, list):
             texts = []
@@ -227,7 +248,7 @@ def _messages(value: Any) -> list[dict]:
             content = "\n".join(texts)
         if not isinstance(content, str):
             raise bad_request(f"{where}.content", f"{where}.content must be a string (or a list of "
-                                                  f"text parts), got {content!r}")
+                                                  f"text parts), got {short(content)}")
         msg = {"role": "system" if role == "developer" else role, "content": content}
         if "name" in m:
             if not isinstance(m["name"], str):
@@ -235,6 +256,23 @@ def _messages(value: Any) -> list[dict]:
             msg["name"] = m["name"]
         out.append(msg)
     return out
+
+
+def choice_seeds(seed: int | None, n: int) -> list[int | None]:
+    """The seed of each of a request's n choices: choice i gets seed + i, so each choice
+    is exactly the single request with that seed (replayable alone); without a seed
+    every choice draws its own (reported in its metrics)."""
+    return [None if seed is None else seed + i for i in range(n)]
+
+
+def _prompt_text(value: Any, ids: list[int], prompter: Prompter) -> str:
+    """The prompt as `echo` returns it: the text sent, or the ids decoded (special
+    tokens kept, so the text offsets of the prompt's tokens add up)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    return prompter.decode(ids, skip_special_tokens=False) if prompter.tokenizer is not None else ""
 
 
 def _prompt(value: Any, prompter: Prompter) -> list[int]:
@@ -270,7 +308,7 @@ def _stop(value: Any) -> list[str] | None:
     for j, s in enumerate(stops):
         if not isinstance(s, str) or not s:
             raise bad_request(f"stop[{j}]" if isinstance(value, list) else "stop",
-                              f"stop strings must be non-empty strings, got {s!r}")
+                              f"stop strings must be non-empty strings, got {short(s)}")
     return stops or None
 
 
@@ -285,7 +323,7 @@ def _logit_bias(value: dict[str, float] | None, vocab: int) -> dict[int, float] 
             tok = -1
         if not 0 <= tok < vocab or str(tok) != key.strip():
             raise bad_request(f"logit_bias.{key}", f"logit_bias keys must be token ids in "
-                                                   f"0..{vocab - 1}, got {key!r}")
+                                                   f"0..{vocab - 1}, got {short(key)}")
         if not -100 <= bias <= 100:
             raise bad_request(f"logit_bias.{key}", f"logit_bias values must be in [-100, 100], got {bias}")
         out[tok] = float(bias)
@@ -296,14 +334,14 @@ def _k_and_drafter(req: _Common, server: ServerDefaults) -> tuple[int | str, str
     k = server.k if req.k is None else req.k
     if not (k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= MAX_K)):
         raise bad_request("k", f'k must be "auto" or an integer in 0..{MAX_K} (0 = plain decoding), '
-                               f"got {req.k!r}")
+                               f"got {short(req.k)}")
     drafter = server.drafter if req.drafter is None else req.drafter
     try:
         usable = server.drafter_names(drafter)
     except ValueError as e:
         raise bad_request("drafter", f"{e} (this server's default: {server.drafter})") from None
     if isinstance(k, int) and k > 0 and not usable:
-        raise bad_request("k", f"k={k} needs a drafter, and drafter {drafter!r} drafts nothing; "
+        raise bad_request("k", f"k={k} needs a drafter, and drafter {short(drafter)} drafts nothing; "
                                "use k=0 or another drafter")
     return k, drafter
 
@@ -326,11 +364,11 @@ def parse(endpoint: str, body: Any, prompter: Prompter, server: ServerDefaults) 
     req = _validate(ChatRequest if endpoint == "chat" else CompletionRequest, body)
     # fields first (cheap, and the error names the first bad field), then the prompt
     if req.model is not None and req.model not in server.model_names:
-        raise ApiError(400, f"model {req.model!r} is not served here; /v1/models lists "
+        raise ApiError(400, f"model {short(req.model)} is not served here; /v1/models lists "
                             f"{', '.join(server.model_names)}", param="model", code="model_not_found")
-    if req.n not in (None, 1):
-        raise bad_request("n", f"n must be 1 (one choice per request), got {req.n}",
-                          code="unsupported_parameter")
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= MAX_N:
+        raise bad_request("n", f"n must be in 1..{MAX_N} (choices per request), got {req.n}")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options", "stream_options is only allowed with stream: true")
     if endpoint == "chat":
@@ -346,6 +384,10 @@ def parse(endpoint: str, body: Any, prompter: Prompter, server: ServerDefaults) 
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
         max_param, max_tokens, logprobs = "max_tokens", req.max_tokens, req.logprobs
+    echo = endpoint == "completion" and bool(req.echo)
+    stop_token_ids = None
+    if req.stop_token_ids:
+        stop_token_ids = prompter.check_ids(req.stop_token_ids, "stop_token_ids")
     min_tokens = req.min_tokens or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise bad_request("min_tokens", f"min_tokens ({min_tokens}) exceeds {max_param} ({max_tokens})")
@@ -389,4 +431,8 @@ def parse(endpoint: str, body: Any, prompter: Prompter, server: ServerDefaults) 
         max_tokens=max_tokens, sampling=sampling, k=k, drafter=drafter, seed=req.seed,
         stop_strings=stop_strings, stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        logprobs=logprobs, return_token_ids=bool(req.return_token_ids))
+        logprobs=logprobs, return_token_ids=bool(req.return_token_ids), n=n,
+        echo=echo, prompt_text=_prompt_text(req.prompt, prompt_ids, prompter) if echo else None,
+        continuous_usage=bool(req.stream_options and req.stream_options.include_usage
+                              and req.stream_options.continuous_usage_stats),
+        stop_token_ids=stop_token_ids, ignore_eos=bool(req.ignore_eos))
