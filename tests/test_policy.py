@@ -135,20 +135,20 @@ def test_an_inflated_single_token_time_does_not_make_a_poor_draft_look_good():
 def test_start_weakens_alpha_keeps_the_cost_curve_and_follows_the_new_text():
     policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=4, carry=0.3)
     feed(policy, 0.0, lambda n: 1.0 + 0.1 * (n - 1), 0.1, rounds=30)
-    costs = {n: c.mean for n, c in policy.target_cost.items()}
+    costs = {n: c.mean for n, c in policy.costs.target_cost.items()}
     before = policy.alphas("model", 1)[0]
     assert before < 0.3
     policy.start()
     after = policy.alphas("model", 1)[0]
-    assert before < after < policy.alpha_prior      # a weak prior from the last text
-    assert {n: c.mean for n, c in policy.target_cost.items()} == costs
+    assert before < after < policy.estimates.priors["model"]      # a weak prior from the last text
+    assert {n: c.mean for n, c in policy.costs.target_cost.items()} == costs
     for _ in range(6):                              # the new text is easy: it takes over
         policy.observe(record(1, 1, 1.0, 1.1, 0.1))
     assert policy.alphas("model", 1)[0] > 0.7
     reset = AdaptivePolicy({"model": FakeDrafter()}, k_max=4, carry=0.0)
     feed(reset, 0.0, lambda n: 1.0 + 0.1 * (n - 1), 0.1, rounds=30)
     reset.start()
-    assert reset.alphas("model", 1)[0] == pytest.approx(reset.alpha_prior)
+    assert reset.alphas("model", 1)[0] == pytest.approx(reset.estimates.priors["model"])
 
 
 def test_probes_are_rationed_to_a_fraction_of_the_time_spent():
@@ -161,7 +161,7 @@ def test_probes_are_rationed_to_a_fraction_of_the_time_spent():
     for generation in range(3):
         policy.start()
         probes, spent, lost, spent_at_probe = [], 0.0, 0.0, []
-        expected_loss = policy.probe_loss["model"].mean if generation else None
+        expected_loss = policy.budget.probe_loss["model"].mean if generation else None
         for i in range(100):
             drafter, k = policy.choose([1, 2, 3])
             if k:
@@ -206,7 +206,7 @@ def test_verification_is_padded_to_a_cheaper_width_and_priced_at_it():
     padded = record(2, 2, 1.0, 1.64, 0.1)
     padded.width = 8                      # what decode reports for a padded round
     policy.observe(padded)
-    assert policy.target_cost[8].mean == pytest.approx(1.64) and policy.target_cost[3].mean == 2.9
+    assert policy.costs.target_cost[8].mean == pytest.approx(1.64) and policy.costs.target_cost[3].mean == 2.9
     assert policy.predict("model", 2) == pytest.approx(
         theory.expected_tokens_positional(policy.alphas("model", 2)) * 1.0 / (2 * 0.1 + 1.64))
     # a monotone (llama.cpp-like) curve is never padded
@@ -339,7 +339,7 @@ def test_a_probe_is_taken_only_when_the_gain_over_the_budget_pays_for_the_catch_
     seq = [0] * (671 + 40)
     charge, missing = r.catchup_charge("model", seq)
     assert missing == 711 and charge == pytest.approx(711 * 0.05)
-    assert r.may_probe("model", charge)                 # the ration alone would allow it by now,
+    assert r.budget.may_probe("model", charge)          # the ration alone would allow it by now,
     assert not r.pays_for(r.predict("model", 2, r.probe_alpha), charge, seq)   # the gain does not
     # ... while a long budget (≈ 370 s to save) pays, once the time spent covers the charge
     # (the ration: a probe may not lose more than was spent), and a short prompt (1 s) at once
@@ -356,4 +356,4 @@ def test_the_catch_up_cost_is_learned_from_catch_ups():
     drafted = record(2, 1, 0.9, 1.6, 0.3)
     drafted.catchup_seconds = 19 * 0.2          # it fed 20 + 8 - 1 tokens at 0.2 s each
     policy.observe(drafted)
-    assert 0.05 < policy.prefill_cost["model"].mean < 0.2
+    assert 0.05 < policy.costs.catchup_cost["model"].mean < 0.2

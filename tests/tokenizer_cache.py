@@ -11,16 +11,14 @@ them as a GGUF with zero tensors, let transformers build the tokenizer from it e
 `verispec.registry` does when it converts a model, and save it under
 `<cache>/tokenizers/<name>/` (about 30 s once per tokenizer on 2 cores).
 
+The tokenizer lands where `verispec.registry` puts a llama.cpp model's tokenizer-only directory
+(`<cache>/tokenizers/<name>/`, keyed by the metadata's sha256), so either can reuse the other's.
 A model already converted (`verispec models fetch NAME`) or fetched is used as it is.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -30,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from verispec import registry
+from verispec.registry.tokenizers import build_from_header, metadata_end, tokenizer_complete
 
 # name -> (bytes of the GGUF up to the end of its key-value metadata, their sha256)
 HEADERS = {
@@ -37,39 +36,6 @@ HEADERS = {
     "smollm2-135m": (1_769_507, "02d31891942a741a2b415105418aba3506d9ae399686a3d636238b48d85ff6e1"),
     "gemma3-270m": (6_511_167, "d074596d1c3027f48b9554eacaebc4132cb948c7f6b5a339222abc476395b2fd"),
 }
-MARKER = "verispec-tokenizer.json"
-
-_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}   # GGUF scalar types
-
-
-def metadata_end(buf: bytes) -> int:
-    """Offset where a GGUF's key-value metadata ends (GGUF v2/v3: magic, version u32,
-    n_tensors u64, n_kv u64, then n_kv (key, type u32, value) entries)."""
-    if buf[:4] != b"GGUF":
-        raise ValueError("not a GGUF file")
-    (n_kv,) = struct.unpack_from("<Q", buf, 16)
-    off = 24
-
-    def skip(kind: int, off: int) -> int:
-        if kind in _FIXED:
-            return off + _FIXED[kind]
-        if kind == 8:                                    # string: u64 length + bytes
-            return off + 8 + struct.unpack_from("<Q", buf, off)[0]
-        if kind == 9:                                    # array: item type u32, count u64, items
-            item, n = struct.unpack_from("<IQ", buf, off)
-            off += 12
-            if item in _FIXED:
-                return off + _FIXED[item] * n
-            for _ in range(n):
-                off = skip(item, off)
-            return off
-        raise ValueError(f"unknown GGUF value type {kind}")
-
-    for _ in range(n_kv):
-        off += 8 + struct.unpack_from("<Q", buf, off)[0]   # key
-        (kind,) = struct.unpack_from("<I", buf, off)
-        off = skip(kind, off + 4)
-    return off
 
 
 def tokenizer_dir(name: str) -> Path | None:
@@ -77,11 +43,7 @@ def tokenizer_dir(name: str) -> Path | None:
     if registry.is_converted(name):
         return registry.hf_dir(name)
     d = registry.cache_dir() / "tokenizers" / name
-    try:
-        info = json.loads((d / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return d if name in HEADERS and info.get("header_sha256") == HEADERS[name][1] else None
+    return d if name in HEADERS and tokenizer_complete(d, HEADERS[name][1]) else None
 
 
 def _header(name: str) -> bytes:
@@ -107,32 +69,13 @@ def _header(name: str) -> bytes:
 
 
 def ensure(name: str) -> Path:
-    """Return a directory with `name`'s tokenizer, building `<cache>/tokenizers/<name>/` once."""
+    """Return a directory with `name`'s tokenizer, building `<cache>/tokenizers/<name>/` once
+    (the same directory, built the same way, as `verispec.registry` makes for llama.cpp)."""
     found = tokenizer_dir(name)
     if found is not None:
         return found
-    from transformers import AutoTokenizer
-
-    header = _header(name)
-    dest = registry.cache_dir() / "tokenizers" / name
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{name}.tmp-"))
-    try:
-        version, _, n_kv = struct.unpack_from("<IQQ", header, 4)
-        stub = tmp / "metadata.gguf"
-        body = header[:4] + struct.pack("<IQQ", version, 0, n_kv) + header[24:]   # zero tensors
-        stub.write_bytes(body + b"\0" * (-len(body) % 32))
-        tok = AutoTokenizer.from_pretrained(str(tmp), gguf_file=stub.name)
-        stub.unlink()
-        tok.save_pretrained(str(tmp))
-        (tmp / MARKER).write_text(json.dumps({"name": name, "header_sha256": HEADERS[name][1]}) + "\n")
-        os.chmod(tmp, 0o755)   # mkdtemp makes 0700; a cache is fine to share read-only
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    return build_from_header(_header(name), registry.cache_dir() / "tokenizers" / name,
+                             spec=registry.get_spec(name), label=name)
 
 
 def load(*names: str):

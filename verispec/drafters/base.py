@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -165,18 +165,37 @@ class Drafter(Protocol):
         """Forget all state tied to earlier text (caches, indexes)."""
         ...
 
-    # Optional (see the module docstring); the policy checks with hasattr.
-    #
-    # def confidences(self, context: Sequence[int]) -> list[Confidence]:
-    #     """Evidence for each token `propose(context, k)` would return, in order
-    #     (len == available(context); propose returns a prefix of that proposal)."""
-    #
-    # def catchup_tokens(self, context: Sequence[int]) -> int:
-    #     """Context tokens the drafter must read before drafting after `context`."""
-    #
-    # def calibrate(self, context: Sequence[int]) -> tuple[float, float] | None:
-    #     """(seconds per caught-up token, seconds per drafted token), timed on a
-    #     prefix of `context`; None when the context is too short to time."""
+
+# Optional parts of the contract (see the module docstring). A drafter has one when it
+# defines the method; the policy asks with isinstance(drafter, SupportsConfidences), etc.
+
+@runtime_checkable
+class SupportsConfidences(Protocol):
+    """A point-mass drafter that reports its evidence for each token it would propose."""
+
+    def confidences(self, context: Sequence[int]) -> list[Confidence]:
+        """Evidence for each token `propose(context, k)` would return, in order
+        (len == available(context); propose returns a prefix of that proposal)."""
+        ...
+
+
+@runtime_checkable
+class SupportsCatchup(Protocol):
+    """A drafter that must read context it lacks before drafting (a draft model's cache)."""
+
+    def catchup_tokens(self, context: Sequence[int]) -> int:
+        """Context tokens the drafter must read before drafting after `context`."""
+        ...
+
+
+@runtime_checkable
+class SupportsCalibrate(Protocol):
+    """A drafter that can time its own catch-up and drafting (a draft model)."""
+
+    def calibrate(self, context: Sequence[int]) -> tuple[float, float] | None:
+        """(seconds per caught-up token, seconds per drafted token), timed on a
+        prefix of `context`; None when the context is too short to time."""
+        ...
 
 
 def point_masses(x: Sequence[int], vocab_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -30,6 +30,7 @@ from typing import Any
 from .cache import CONVERT_FORMAT, MARKER_NAME, cache_dir, hf_dir_complete, locked, remove_quietly
 from .catalogue import ModelSpec, get_spec, hf_dir
 from .fetching import fetch
+from .tokenizers import finish_tokenizer, gguf_metadata
 
 
 def convert(name: str, progress: bool = True) -> Path:
@@ -62,8 +63,8 @@ def convert_gguf_file(path: str | os.PathLike[str], progress: bool = True) -> Pa
     return the directory.  Raises ``FileNotFoundError``, ``PermissionError`` or ``ValueError``
     (not a GGUF file) with the path in the message."""
     p = Path(path).expanduser()
-    _check_gguf_file(p)
-    dest = _local_dir(p)
+    check_gguf_file(p)
+    dest = local_dir(p)
     key = dest.name
     if hf_dir_complete(dest, source_key=key):
         return dest
@@ -80,13 +81,14 @@ def _local_key(path: Path) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def _local_dir(path: Path) -> Path:
-    """``<cache>/local/<stem>-<key>``: where user file ``path`` is converted to."""
+def local_dir(path: Path, suffix: str = "") -> Path:
+    """``<cache>/local/<stem>-<key><suffix>``: where user file ``path`` is converted to (its
+    tokenizer-only directory: ``suffix="-tok"``)."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", path.stem)[:80] or "model"
-    return cache_dir() / "local" / f"{stem}-{_local_key(path)}"
+    return cache_dir() / "local" / f"{stem}-{_local_key(path)}{suffix}"
 
 
-def _check_gguf_file(p: Path) -> None:
+def check_gguf_file(p: Path) -> None:
     """Raise ``FileNotFoundError``, ``PermissionError`` or ``ValueError`` (naming ``p``) unless
     ``p`` is a readable regular file that starts with the GGUF magic bytes."""
     if not p.exists():
@@ -139,46 +141,12 @@ def _convert_to_dir(
             if progress:
                 print(f"verispec: {label}: {msg} [{time.perf_counter() - t0:.0f}s]", file=sys.stderr, flush=True)
 
-        meta = _gguf_metadata(gguf)
+        meta = gguf_metadata(gguf)
         say("loading tokenizer from GGUF")
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-
-        # Chat template: transformers may drop it; the GGUF metadata is authoritative.
-        gguf_template = meta.get("tokenizer.chat_template")
-        if not getattr(tok, "chat_template", None) and gguf_template:
-            tok.chat_template = gguf_template
-        has_template = bool(getattr(tok, "chat_template", None))
-        if spec is not None and spec.chat and not has_template:
-            raise ValueError(f"{label}: instruct model but neither transformers nor the GGUF metadata has a chat template")
-
-        # EOS ids: registered end tokens first (the first is the chat EOS), then the GGUF's.
-        eos_ids: list[int] = []
-        for t in (spec.eos_tokens if spec else ()):
-            tid = _token_id(tok, t)
-            if tid is not None and tid not in eos_ids:
-                eos_ids.append(tid)
-        if spec is None and gguf_template and "<|im_end|>" in gguf_template:
-            tid = _token_id(tok, "<|im_end|>")
-            if tid is not None:
-                eos_ids.append(tid)
-        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-            v = meta.get(key)
-            if isinstance(v, int) and v not in eos_ids:
-                eos_ids.append(int(v))
-        if not eos_ids and tok.eos_token_id is not None:
-            eos_ids.append(int(tok.eos_token_id))
-        if eos_ids and tok.eos_token_id != eos_ids[0]:
-            tok.eos_token = tok.convert_ids_to_tokens(eos_ids[0])
-        pad_id = meta.get("tokenizer.ggml.padding_token_id")
-        if not isinstance(pad_id, int):
-            pad_id = tok.pad_token_id
-        if pad_id is None and eos_ids:
-            pad_id = eos_ids[-1]
-        if pad_id is not None and tok.pad_token_id is None:
-            tok.pad_token = tok.convert_ids_to_tokens(int(pad_id))
-        bos_id = meta.get("tokenizer.ggml.bos_token_id")
-        if not isinstance(bos_id, int):
-            bos_id = tok.bos_token_id
+        ids = finish_tokenizer(tok, meta, spec, label)
+        eos_ids, bos_id, pad_id = ids["eos_token_ids"], ids["bos_token_id"], ids["pad_token_id"]
+        has_template = ids["chat_template"]
 
         say("loading + dequantizing GGUF weights to float32 (slow: about a minute per GB)")
         model = _load_dense_from_gguf(AutoModelForCausalLM, gguf, torch.float32)
@@ -254,34 +222,6 @@ def _convert_to_dir(
             remove_quietly(tmp)
         if bars_were_enabled and not progress:
             hf_logging.enable_progress_bar()
-
-
-def _gguf_metadata(path: Path) -> dict[str, Any]:
-    """A few scalar/str metadata fields of a GGUF file (tokenizer ids, chat template)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    wanted = (
-        "general.architecture", "general.name", "tokenizer.chat_template",
-        "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-        "tokenizer.ggml.eom_token_id", "tokenizer.ggml.padding_token_id",
-        "tokenizer.ggml.add_bos_token",
-    )
-    out: dict[str, Any] = {}
-    for key in wanted:
-        f = reader.fields.get(key)
-        if f is not None:
-            out[key] = f.contents()
-    del reader
-    return out
-
-
-def _token_id(tok: Any, token: str) -> int | None:
-    tid = tok.convert_tokens_to_ids(token)
-    unk = getattr(tok, "unk_token_id", None)
-    if tid is None or (unk is not None and tid == unk and token != getattr(tok, "unk_token", None)):
-        return None
-    return int(tid)
 
 
 def _load_dense_from_gguf(auto_cls: Any, gguf: Path, dtype: Any) -> Any:

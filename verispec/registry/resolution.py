@@ -18,7 +18,9 @@ from typing import Any
 
 from .cache import cache_dir, read_convert_marker
 from .catalogue import REGISTRY, UnknownModelError, gguf_path, hf_dir, is_converted, is_fetched, unknown_model_message
-from .conversion import convert, convert_gguf_file
+from .conversion import check_gguf_file, convert, convert_gguf_file, local_dir
+from .fetching import fetch
+from .tokenizers import ensure_tokenizer, registered_tokenizer_dir
 
 
 class ModelNotFetchedError(RuntimeError):
@@ -43,8 +45,14 @@ class ResolvedModel:
     info: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
-def resolve(spec: str, fetch_missing: bool = True, progress: bool = True) -> ResolvedModel:
+def resolve(spec: str, fetch_missing: bool = True, progress: bool = True,
+            weights: bool = True) -> ResolvedModel:
     """Turn a user model spec into something ``from_pretrained`` can load.
+
+    ``weights=False`` is for a backend that reads the GGUF itself (llama.cpp): a registered
+    name or ``.gguf`` file is then never converted to float32; ``hf_path`` is a tokenizer-only
+    directory built from the GGUF's metadata (:mod:`.tokenizers`; a full conversion already
+    in the cache is used as it is).
 
     Rules, in order:
 
@@ -70,6 +78,15 @@ def resolve(spec: str, fetch_missing: bool = True, progress: bool = True) -> Res
 
     if spec in REGISTRY:
         m = REGISTRY[spec]
+        if not weights and not is_converted(m.name):
+            if not is_fetched(m.name) and not fetch_missing:
+                raise ModelNotFetchedError(
+                    f"model {m.name!r} is registered but not downloaded yet (cache: {cache_dir()}); "
+                    f"run `verispec models fetch --no-convert {m.name}` first")
+            g = fetch(m.name, progress=progress)
+            d = ensure_tokenizer(g, registered_tokenizer_dir(m.name), spec=m, label=m.name, progress=progress)
+            return ResolvedModel(kind="registered", name=m.name, hf_path=str(d), gguf_path=g,
+                                 chat=m.chat, info=read_convert_marker(d) or {})
         if not is_converted(m.name):
             if not fetch_missing:
                 state = "downloaded but not converted" if is_fetched(m.name) else "not downloaded"
@@ -107,7 +124,11 @@ def resolve(spec: str, fetch_missing: bool = True, progress: bool = True) -> Res
                 raise PermissionError(f"cannot read {p / 'config.json'}: permission denied")
             return ResolvedModel(kind="hf_dir", name=p.resolve().name, hf_path=str(p), chat=_dir_chat(p))
         if p.is_file() and p.suffix.lower() == ".gguf":
-            d = convert_gguf_file(p, progress=progress)
+            if weights:
+                d = convert_gguf_file(p, progress=progress)
+            else:
+                check_gguf_file(p)
+                d = ensure_tokenizer(p, local_dir(p, suffix="-tok"), spec=None, label=p.name, progress=progress)
             info = read_convert_marker(d) or {}
             return ResolvedModel(
                 kind="gguf_file", name=p.stem, hf_path=str(d), gguf_path=p,

@@ -1,0 +1,213 @@
+"""The one online model of what a round costs: T_t(n), T_d and the catch-up, learned as it runs.
+
+Vocabulary (as in `verispec.theory`; all times in seconds):
+
+* T_t(n) - one target forward over n new tokens; verifying k drafts needs n = k + 1.
+  Each measured n is its own decayed mean (`Decayed`): CPU matmul cost is far from
+  linear in n (with torch float32 here, 8 rows cost less than 3), so measuring every n
+  beats fitting a line. An unmeasured n is guessed optimistically as
+  T_t(1) · (1 + explore_slope · (n - 1)), so every draft length that could pay is tried
+  once and then judged on its measured cost.
+* verification width w(n) - the measured m >= n (up to n_max) with the smallest T_t(m),
+  if it beats T_t(n) by the margin; else n. Filler rows after the drafts cost nothing in
+  exactness (causal attention), so a verification of n tokens costs T_t(w(n)).
+* T_d - seconds per drafted token, per drafter; catch-up - seconds per context token a
+  drafter must read before drafting (a draft model after the prompt or plain rounds).
+
+Its prices come out as a `verispec.theory.CostCurve` (`curve(drafter)`): T_t(1), guarded
+against a noisy single-token time (not above the line through T_t(2), T_t(3)), and
+T_t(w(n)) for n = 2..n_max, with that drafter's T_d; the speedup and the best k are then
+the CostCurve's (Leviathan et al. 2023, Theorem 3.8, with the measured curve in place of
+the constant cost ratio c). `from_curve` seeds the model with a curve measured elsewhere
+(`verispec analyze`, `verispec.cost.measure_cost_curve`, a planner's prediction), so the
+policy, the analysis and the planner share one abstraction.
+
+Guard: timings that are not finite, negative, or (for the target) zero are refused
+(`accepts`), so no price here is ever NaN, infinite or free.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from ..theory import AlphaSpec, CostCurve
+from .decayed import Decayed
+
+__all__ = ["OnlineCostCurve"]
+
+
+class OnlineCostCurve:
+    """T_t(n) for n = 1..n_max, and per drafter T_d and the catch-up cost, learned online.
+
+    Args:
+        drafters: the drafter names it prices.
+        n_max: largest forward width priced, k_max + 1 (tokens, >= 1).
+        decay: weight of the past per new observation, in (0, 1).
+        explore_slope: relative cost per extra token guessed for an unmeasured T_t(n).
+        margin: relative gain a wider verification must bring to be used.
+
+    Attributes:
+        target_cost: n -> decayed mean of T_t(n) (measured widths only).
+        draft_cost: drafter -> decayed mean of T_d (seconds per drafted token).
+        catchup_cost: drafter -> decayed mean of seconds per caught-up context token.
+    """
+
+    def __init__(self, drafters: Iterable[str], n_max: int, *, decay: float, explore_slope: float,
+                 margin: float) -> None:
+        self.n_max, self.decay, self.explore_slope, self.margin = n_max, decay, explore_slope, margin
+        self.target_cost: dict[int, Decayed] = {}
+        self.draft_cost = {name: Decayed() for name in drafters}
+        self.catchup_cost = {name: Decayed() for name in self.draft_cost}
+        self._curves: dict[str, CostCurve] = {}   # per drafter, until the next observation
+
+    @classmethod
+    def from_curve(cls, curve: CostCurve, drafter: str, *, n_max: int | None = None, decay: float = 0.9,
+                   explore_slope: float = 0.1, margin: float = 0.03) -> "OnlineCostCurve":
+        """A model whose first observations are a measured curve: T_t(n) for the curve's
+        n = 1..K+1 (up to `n_max`, default K+1), and its T_d for `drafter`."""
+        n_max = n_max or len(curve.target_times)
+        model = cls([drafter], n_max, decay=decay, explore_slope=explore_slope, margin=margin)
+        for n, seconds in enumerate(curve.target_times[:n_max], start=1):
+            model.observe_target(n, seconds)
+        model.observe_draft(drafter, curve.draft_time)
+        return model
+
+    # -- learning --------------------------------------------------------------------------
+    @staticmethod
+    def accepts(target_seconds: float, draft_seconds: float = 0.0, catchup_seconds: float = 0.0) -> bool:
+        """Whether one round's timings may be learned from: all finite, T_t > 0, the rest >= 0."""
+        return (math.isfinite(target_seconds) and target_seconds > 0
+                and all(math.isfinite(t) and t >= 0 for t in (draft_seconds, catchup_seconds)))
+
+    def observe_target(self, n: int, seconds: float) -> bool:
+        """One forward over n new tokens took `seconds`; False (refused) unless finite and > 0."""
+        if not self.accepts(seconds):
+            return False
+        self._curves.clear()
+        return self.target_cost.setdefault(n, Decayed()).add(seconds, self.decay)
+
+    def reset_target(self, n: int, seconds: float) -> bool:
+        """Replace T_t(n) by one fresh measurement (calibration)."""
+        if not self.accepts(seconds):
+            return False
+        self.target_cost[n] = Decayed()
+        return self.observe_target(n, seconds)
+
+    def observe_draft(self, name: str, seconds_per_token: float) -> bool:
+        """Drafter `name` drafted at `seconds_per_token`; False (refused) unless finite, >= 0."""
+        if not self.accepts(1.0, seconds_per_token):
+            return False
+        self._curves.pop(name, None)
+        return self.draft_cost[name].add(seconds_per_token, self.decay)
+
+    def observe_catchup(self, name: str, seconds_per_token: float) -> bool:
+        """Drafter `name` read missed context at `seconds_per_token`; refused like `observe_draft`."""
+        if not self.accepts(1.0, seconds_per_token):
+            return False
+        return self.catchup_cost[name].add(seconds_per_token, self.decay)
+
+    # -- prices ------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Whether T_t(1) is known (a plain round or calibration has been seen)."""
+        return 1 in self.target_cost
+
+    def target(self, n: int) -> float:
+        """T_t(n) in seconds: the measured mean, else the optimistic guess (module docstring).
+
+        Raises:
+            ValueError: before T_t(1) is known (`ready`).
+        """
+        if not self.ready:
+            raise ValueError("T_t(1) is not known yet: observe a plain round or calibrate first")
+        cost = self.target_cost.get(n)
+        if cost is not None:
+            return cost.mean
+        return self.target_cost[1].mean * (1.0 + self.explore_slope * (n - 1))
+
+    def draft_time(self, name: str) -> float | None:
+        """T_d of drafter `name`, seconds per drafted token (None before its first draft)."""
+        cost = self.draft_cost[name]
+        return cost.mean if cost.weight else None
+
+    def catchup_time(self, name: str) -> float | None:
+        """Seconds per context token drafter `name` catches up (None while unknown)."""
+        cost = self.catchup_cost[name]
+        return cost.mean if cost.weight else None
+
+    def verify_width(self, n: int) -> int:
+        """w(n): tokens to verify n = k + 1 positions with (module docstring), >= n;
+        n itself until T_t(1) is known."""
+        if not self.ready:
+            return n
+        base = self.target(n)
+        best, best_t = n, base
+        for m in range(n + 1, self.n_max + 1):
+            cost = self.target_cost.get(m)
+            if cost is not None and cost.mean < best_t:
+                best, best_t = m, cost.mean
+        return best if best_t < base * (1.0 - self.margin) else n
+
+    def single_step(self) -> float:
+        """T_t(1) as priced: not above the line through T_t(2), T_t(3) when both are
+        measured (a noisy single-token time must not make drafting look good).
+
+        Raises:
+            ValueError: before T_t(1) is known.
+        """
+        t1 = self.target(1)
+        if 2 in self.target_cost and 3 in self.target_cost:
+            t2, t3 = self.target_cost[2].mean, self.target_cost[3].mean
+            t1 = min(t1, max(2 * t2 - t3, 0.25 * t2))
+        return t1
+
+    def curve(self, name: str) -> CostCurve | None:
+        """The prices of drafting with `name` as a `CostCurve`: target_times[0] the guarded
+        T_t(1), target_times[n-1] = T_t(w(n)) for n = 2..n_max, draft_time its T_d.
+        None while T_t(1) or its T_d is unknown."""
+        curve = self._curves.get(name)
+        if curve is None:
+            t_d = self.draft_time(name)
+            if not self.ready or t_d is None:
+                return None
+            times = [self.single_step()] + [self.target(self.verify_width(n)) for n in range(2, self.n_max + 1)]
+            curve = self._curves[name] = CostCurve(tuple(times), t_d)
+        return curve
+
+    def _priced(self, drafter: str | None) -> CostCurve:
+        if drafter is None:
+            if len(self.draft_cost) != 1:
+                raise ValueError(f"name the drafter: this model prices {sorted(self.draft_cost)}")
+            drafter = next(iter(self.draft_cost))
+        curve = self.curve(drafter)
+        if curve is None:
+            raise ValueError(f"no prices for {drafter!r} yet: T_t(1) and its T_d must be observed first")
+        return curve
+
+    def speedup(self, alpha_or_alphas: AlphaSpec, k: int, drafter: str | None = None) -> float:
+        """`CostCurve.speedup` on `curve(drafter)`: S(k) = E · T_t(1) / (k · T_d + T_t(w(k+1))).
+
+        Args:
+            alpha_or_alphas: scalar α in [0, 1], or α_1..α_K with K >= k.
+            k: draft length, >= 0.
+            drafter: whose T_d (None: the only drafter priced).
+
+        Raises:
+            ValueError: before T_t(1) and the drafter's T_d are known, when `drafter` is
+                None among several, or for arguments `theory.speedup_cost_curve` refuses.
+        """
+        return self._priced(drafter).speedup(alpha_or_alphas, k)
+
+    def optimal_k(self, alpha_or_alphas: AlphaSpec, k_max: int, drafter: str | None = None) -> tuple[int, float]:
+        """`CostCurve.optimal_k` on `curve(drafter)`: (k*, S(k*)) over k = 0..k_max
+        (k_max <= n_max - 1). Raises as `speedup`."""
+        return self._priced(drafter).optimal_k(alpha_or_alphas, k_max)
+
+    def measured(self, draft_time: float = 0.0) -> CostCurve | None:
+        """The measured T_t(1..m) as a plain `CostCurve` (m: the widths measured without a
+        gap from 1), with `draft_time`; None before T_t(1) is known."""
+        times = []
+        while len(times) + 1 in self.target_cost:
+            times.append(self.target_cost[len(times) + 1].mean)
+        return CostCurve(tuple(times), draft_time) if times else None
