@@ -1,6 +1,6 @@
 """False-alarm rate of the whole token-level verdict on the exact zoo server (a benchmark, not a test).
 
-Runs the same audit as ``tests/test_audit_zoo.py`` (2 prompts × N = 40 × m = 32 at T = 0.7,
+Runs the same audit as ``tests/test_audit_zoo.py`` (2 prompts × N = 60 × m = 48 at T = 0.7,
 significance 0.01, tolerance 0.05, all probes) R times against the exact zoo server, each
 run with its own seeds (disjoint seed ranges), and reports how often the verdict is FAIL
 (a false alarm: the server is exact), pass and inconclusive, with a Clopper–Pearson 95 %
@@ -55,8 +55,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--faulty-runs", type=int, default=0, help="runs per faulty server (0: skip)")
-    ap.add_argument("--n", type=int, default=40)
-    ap.add_argument("--m", type=int, default=32)
+    ap.add_argument("--n", type=int, default=60)
+    ap.add_argument("--m", type=int, default=48)
     ap.add_argument("--significance", type=float, default=0.01)
     ap.add_argument("--tolerance", type=float, default=0.05)
     a = ap.parse_args()

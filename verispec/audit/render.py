@@ -74,8 +74,9 @@ def text(audit: TokenAudit) -> str:
     for r in audit.reasons:
         out += _wrap("- " + r, "    ")
     out += _wrap(f"error rate: {audit.error_rate}", "    ")
-    if "warning" in audit.info:
-        out += _wrap("warning: " + audit.info["warning"], "    ")
+    for key in ("warning", "seed_warning"):
+        if key in audit.info:
+            out += _wrap("warning: " + audit.info[key], "    ")
     return "\n".join(out)
 
 

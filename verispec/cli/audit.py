@@ -169,7 +169,8 @@ def audit(
                             reference_endpoint=reference_endpoint, target=target, backend=backend,
                             concurrency=concurrency, probes=probes, report_dir=report_dir,
                             local_decides=local_decides, context_length=context_length,
-                            margin=numerics_margin, as_json=as_json, threads=threads)
+                            margin=numerics_margin, as_json=as_json, seed_check=seed_check,
+                            threads=threads)
         return
     endpoint_only = {"--api-key": api_key, "--model": model, "--prompt-ids": prompt_ids, "--out": out,
                      "--reference-endpoint": reference_endpoint, "--tolerance": tolerance,

@@ -186,7 +186,7 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
                         out: Optional[str], reference_endpoint: Optional[str], target: Optional[str],
                         backend: Optional[str], concurrency: int, probes: str, report_dir: Optional[str],
                         local_decides: bool, context_length: Optional[int], margin: float, as_json: bool,
-                        threads: Optional[int] = None) -> None:
+                        seed_check: bool = True, threads: Optional[int] = None) -> None:
     """The token-level `--endpoint` audit (every token counts; `verispec.audit.tokens`)."""
     from .. import __version__
     from ..audit.endpoint import Endpoint, EndpointError
@@ -252,6 +252,12 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
                   f"T = {sampling.temperature}, significance {significance} for the whole verdict, "
                   f"tolerance ±{tolerance} on the top-1 excess"
                   + (f", probes {', '.join(names)}" if names else ""))
+        seeds = None
+        if seed_check and not sampling.greedy:
+            from ..audit.endpoint import EndpointSettings
+            from ..audit.endpoint import seed_check as check_seeds
+            seeds = check_seeds(ep, EndpointSettings(endpoint, model, tuple(prompts[0]), min(m, 16),
+                                                     sampling.temperature, sampling.top_k, sampling.top_p))
         audit = run_token_audit(ep, reference, prompts, n_samples, m, sampling, significance=significance,
                                 tolerance=tolerance, reference_endpoint=ref_ep, local_decides=local_decides,
                                 probes=names, out=out, concurrency=concurrency, margin=margin,
@@ -263,6 +269,15 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
         fail(f"{e}{hint}")
     except ValueError as e:
         fail(str(e))
+    if seeds is not None:
+        audit.info["seed_check"] = {"reproducible": seeds.reproducible, "varies": seeds.varies}
+        if not seeds.reproducible:
+            audit.info["seed_warning"] = ("the server ignores `seed` (one seed gave two different "
+                                          "completions): the samples are still independent draws, but "
+                                          "a rerun cannot reproduce them")
+        if not seeds.varies:
+            audit.info["warning"] = ("5 different seeds gave the same completion: the server ignores "
+                                     "`seed` and `temperature`, or p is nearly a point mass here")
     audit.info.update(command="verispec audit --endpoint", verispec=__version__,
                       machine=f"{platform.machine()} {platform.node()}", python=platform.python_version(),
                       target=target, backend=backend)
