@@ -117,7 +117,8 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
                     reference_endpoint: Endpoint | None = None, local_decides: bool = False,
                     probes: Sequence[str] = (), out: str | None = None, concurrency: int = 4,
                     margin: float = NEAR_TIE_MARGIN, context_length: int | None = None,
-                    detokenize=None, seed: int = 0, progress: bool = False) -> TokenAudit:
+                    detokenize=None, seed: int = 0, progress: bool = False,
+                    replay: dict | None = None) -> TokenAudit:
     """Audit `endpoint` (module doc).
 
     Args:
@@ -134,6 +135,8 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
         probes: names from `verispec.audit.probes.PROBES`.
         out: JSONL stem for the raw samples (resumable); margin: the numerics floor
             in logits / T (near-ties); context_length, detokenize: for the probes.
+        replay: seed-synced replay (`verispec.audit.replay.replay_check`'s ``decoder``,
+            ``k``, ``rule``, ``limit``): the server must be verispec's own sampler.
 
     Returns:
         `TokenAudit`.
@@ -172,6 +175,11 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
         ctx = ProbeContext(endpoint, reference, [list(p) for p in prompts], m=min(m, 32), margin=margin,
                            detokenize=detokenize, context_length=context_length, seed=seed)
         probe_results = run_probes(ctx, probes)
+    if replay is not None:
+        from .replay import replay_check
+        probe_results.append(replay_check(replay["decoder"], prompts, drawn, sampling, k=replay.get("k", 0),
+                                          rule=replay.get("rule", "gumbel"), margin=margin,
+                                          limit=replay.get("limit")))
     v = decide(decisive, significance, tolerance, impossible=bad, impossible_examples=examples,
                greedy=greedy, probes=probe_results)
     if not sampled and v.verdict == "inconclusive" and tok:     # greedy: every token was checked

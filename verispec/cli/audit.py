@@ -121,6 +121,9 @@ def audit(
                                        "runs the reference's very weights and kernels)"),
     context_length: Optional[int] = typer.Option(None, "--context-length", min=2, help="--endpoint: the "
                                                  "server's context length for the context-limit probe"),
+    replay: bool = typer.Option(False, "--replay", help="--endpoint on verispec serve (k auto, coupled "
+                                "rule): replay every completion locally with its seed; each token must "
+                                "equal the replay unless it is a near-tie"),
     numerics_margin: float = typer.Option(0.5, "--numerics-margin", min=0.0, help="--endpoint: logits/T "
                                           "within this of the argmax or of a top-k/top-p cut-off are "
                                           "near-ties (numerics, counted, not a FAIL)"),
@@ -170,7 +173,7 @@ def audit(
                             concurrency=concurrency, probes=probes, report_dir=report_dir,
                             local_decides=local_decides, context_length=context_length,
                             margin=numerics_margin, as_json=as_json, seed_check=seed_check,
-                            threads=threads)
+                            replay=replay, threads=threads)
         return
     endpoint_only = {"--api-key": api_key, "--model": model, "--prompt-ids": prompt_ids, "--out": out,
                      "--reference-endpoint": reference_endpoint, "--tolerance": tolerance,

@@ -186,7 +186,7 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
                         out: Optional[str], reference_endpoint: Optional[str], target: Optional[str],
                         backend: Optional[str], concurrency: int, probes: str, report_dir: Optional[str],
                         local_decides: bool, context_length: Optional[int], margin: float, as_json: bool,
-                        seed_check: bool = True, threads: Optional[int] = None) -> None:
+                        seed_check: bool = True, replay: bool = False, threads: Optional[int] = None) -> None:
     """The token-level `--endpoint` audit (every token counts; `verispec.audit.tokens`)."""
     from .. import __version__
     from ..audit.endpoint import Endpoint, EndpointError
@@ -252,6 +252,11 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
                   f"T = {sampling.temperature}, significance {significance} for the whole verdict, "
                   f"tolerance ±{tolerance} on the top-1 excess"
                   + (f", probes {', '.join(names)}" if names else ""))
+        replayer = None
+        if replay:
+            from ..api import SpeculativeDecoder
+            # the coupled rule's output is the plain seeded sample whatever k: no draft needed
+            replayer = {"decoder": SpeculativeDecoder(reference, None, drafter="none"), "k": 0, "rule": "gumbel"}
         seeds = None
         if seed_check and not sampling.greedy:
             from ..audit.endpoint import EndpointSettings
@@ -263,7 +268,7 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
                                 probes=names, out=out, concurrency=concurrency, margin=margin,
                                 context_length=context_length,
                                 detokenize=(lambda ids: tok.decode(list(ids))) if tok is not None else None,
-                                progress=not as_json)
+                                progress=not as_json, replay=replayer)
     except EndpointError as e:
         hint = f" (what was collected is kept in {out}.p*.jsonl: rerun the same command to resume)" if out else ""
         fail(f"{e}{hint}")
