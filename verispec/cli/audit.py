@@ -122,8 +122,8 @@ def audit(
     context_length: Optional[int] = typer.Option(None, "--context-length", min=2, help="--endpoint: the "
                                                  "server's context length for the context-limit probe"),
     replay: bool = typer.Option(False, "--replay", help="--endpoint on verispec serve (k auto, coupled "
-                                "rule): replay every completion locally with its seed; each token must "
-                                "equal the replay unless it is a near-tie"),
+                                "rule): replay up to 50 completions locally with their seeds; each token "
+                                "must equal the replay unless it is a near-tie"),
     numerics_margin: float = typer.Option(0.5, "--numerics-margin", min=0.0, help="--endpoint: logits/T "
                                           "within this of the argmax or of a top-k/top-p cut-off are "
                                           "near-ties (numerics, counted, not a FAIL)"),

@@ -256,7 +256,8 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
         if replay:
             from ..api import SpeculativeDecoder
             # the coupled rule's output is the plain seeded sample whatever k: no draft needed
-            replayer = {"decoder": SpeculativeDecoder(reference, None, drafter="none"), "k": 0, "rule": "gumbel"}
+            replayer = {"decoder": SpeculativeDecoder(reference, None, drafter="none"), "k": 0, "rule": "gumbel",
+                        "limit": 50}    # 50 completions: a clean mismatch is a FAIL, one suffices
         seeds = None
         if seed_check and not sampling.greedy:
             from ..audit.endpoint import EndpointSettings
