@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from fastapi import Request
 from typer.testing import CliRunner
 
 from verispec.audit.zoo import zoo_app, zoo_reference
@@ -63,3 +64,37 @@ def test_bad_options_are_clear_errors(zoo_target, args, match):
             base += ["--prompt-ids", "1,2"]
         result, out = run(*base, *args)
     assert result.exit_code == 2 and match in out, out
+
+
+def test_a_text_only_server_is_re_tokenised_and_the_report_says_the_audit_is_weaker():
+    """A server that returns text without ids: the text is re-tokenised by its /tokenize and the
+    report warns (a tokenisation mismatch would look like a bias)."""
+    from verispec.audit.endpoint import Endpoint
+    from verispec.audit.render import text
+    from verispec.audit.tokens import run_token_audit
+    from verispec.audit.zoo import ALPHABET
+    from verispec.sampling import SamplingConfig
+
+    inner = zoo_app("exact")
+    app = zoo_app("exact")
+    app.router.routes = [r for r in app.router.routes if getattr(r, "path", "") != "/v1/completions"]
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        body.pop("return_token_ids", None)
+        from fastapi.testclient import TestClient
+        data = TestClient(inner).post("/v1/completions", json=body).json()
+        data["choices"][0].pop("token_ids")
+        return data
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await request.json()
+        return {"tokens": [ALPHABET.index(c) for c in body.get("content", body.get("prompt", ""))]}
+
+    with BackgroundServer(app) as url:
+        report = run_token_audit(Endpoint(url, "zoo"), zoo_reference(), [[1, 2, 3]], 10, 8,
+                                 SamplingConfig(temperature=0.7), tolerance=0.3)
+    assert report.info["id_source"] == "retokenised" and "weaker" in report.info["warning"]
+    assert "weaker" in text(report)
