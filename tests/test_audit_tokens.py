@@ -154,3 +154,21 @@ def test_the_text_report_fits_80_columns_and_prints_no_tv():
     out = text(audit)
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "TV" not in out and "verdict:" in out
+
+
+def test_the_per_position_table_fits_80_columns_and_its_joint_tv_is_at_most_1():
+    """The old table cut its headers at 80 columns and printed a joint 'TV' of 2.03."""
+    from rich.console import Console
+
+    from verispec.audit.reference import compare_exact
+
+    p = np.array([0.5, 0.3, 0.2])
+    report = compare_exact([[2] * 8] * 100, 8, lambda prefix: p)      # every position biased
+    joint = report.rows[-1]
+    assert report.verdict == "FAIL" and joint.tv <= 1 and joint.tv_ci[1] <= 1 and joint.tv_corrected <= 1
+    console = Console(width=80, record=True)
+    console.print(report.table())
+    out = console.export_text()
+    from rich.cells import cell_len                   # display columns (TV̂ has a combining mark)
+    assert max(cell_len(line) for line in out.splitlines()) <= 80
+    assert "p-va…" not in out and "pos 1" in out and "…" not in out.split("FAIL")[0]
