@@ -156,6 +156,7 @@ def decide(decisive: Sequence[Effect], significance: float, tolerance: float, *,
     n_now = max((e.n for e in tol), default=0)
     why = [f"{e.name} {e.estimate:+.4f} [{e.ci[0]:+.4f}, {e.ci[1]:+.4f}] straddles ±{tolerance:g}"
            for e in tol] or ["no sampled tokens to test"]
+    unit = "completions" if any(e.name.startswith("Δ") for e in tol) else "tokens"
     if need:
-        why.append(f"about {max(need):,} tokens would settle it (now {n_now:,})")
+        why.append(f"about {max(need):,} {unit} would settle it (now {n_now:,})")
     return Verdict("inconclusive", why, max(need) if need else None, f, err)
