@@ -77,9 +77,8 @@ def two_sample_effects(on: Sequence[TokenScores], off: Sequence[TokenScores], le
         permutations: Monte Carlo permutations (within prompts).
 
     Returns:
-        [top-1 excess difference (role "tolerance"), permutation omnibus (max-T over
-        `SUMMARIES`)], with the per-summary differences in the omnibus's name-less
-        ``detail`` attribute order of `SUMMARIES` (see `summary_differences`).
+        [the top-1 excess difference (role "tolerance"), the permutation omnibus (max-T
+        over `SUMMARIES`; its name lists each summary's spec-on − spec-off difference)].
 
     Raises:
         ValueError: when an arm is empty.
