@@ -192,6 +192,7 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
     from ..audit.endpoint import Endpoint, EndpointError
     from ..audit.render import text, write_report
     from ..audit.tokens import run_token_audit
+    from ..text import decode_text
 
     if target is None:
         fail("--endpoint needs --target NAME: the local reference that scores every token (the "
@@ -268,7 +269,7 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
                                 tolerance=tolerance, reference_endpoint=ref_ep, local_decides=local_decides,
                                 probes=names, out=out, concurrency=concurrency, margin=margin,
                                 context_length=context_length,
-                                detokenize=(lambda ids: tok.decode(list(ids))) if tok is not None else None,
+                                detokenize=(lambda ids: decode_text(tok, ids)) if tok is not None else None,
                                 progress=not as_json, replay=replayer)
     except EndpointError as e:
         hint = f" (what was collected is kept in {out}.p*.jsonl: rerun the same command to resume)" if out else ""
