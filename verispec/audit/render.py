@@ -52,7 +52,7 @@ def text(audit: TokenAudit) -> str:
     rows = _rows(audit)
     if rows:
         out.append("")
-        out.append(f"{'statistic':<26} {'effect':>8} {'95%-ish CI':>19} {'p':>7} {'detect':>8}")
+        out.append(f"{'statistic':<26} {'effect':>8} {'interval':>19} {'p':>7} {'detect':>8}")
         out.append("-" * 72)
         out += [f"{a:<26} {b:>8} {c:>19} {d:>7} {e:>8}" for a, b, c, d, e in rows]
         out += _wrap("CI at 1 − significance/F (F deciding statistics); 'detect': smallest effect "
