@@ -135,7 +135,7 @@ def test_holm_steps_down():
 def test_two_sample_permutation_keeps_its_level_and_sees_a_shift():
     model, s = toy(4), SamplingConfig(temperature=1.0)
     rng = np.random.default_rng(4)
-    arm = lambda k, distort=None: [sc for j, pr in enumerate(([1, 2], [5, 6]))  # noqa: E731
+    arm = lambda k, distort=None: [sc for j, pr in enumerate(([1, 2], [5, 6]))
                                    for sc in scores_of(model, pr, draw(model, pr, k, 24, s, rng, distort), s, j)]
     same = two_sample_effects(arm(40), arm(40), 0.01 / 2)
     sharp = two_sample_effects(arm(40, distort=lambda p: p ** 3), arm(40), 0.01 / 2)
@@ -169,7 +169,7 @@ def test_the_per_position_table_fits_80_columns_and_its_joint_tv_is_at_most_1():
     console = Console(width=80, record=True)
     console.print(report.table())
     out = console.export_text()
-    from rich.cells import cell_len                   # display columns (TV̂ has a combining mark)
+    from rich.cells import cell_len  # display columns (TV̂ has a combining mark)
     assert max(cell_len(line) for line in out.splitlines()) <= 80
     assert "p-va…" not in out and "pos 1" in out and "…" not in out.split("FAIL")[0]
 

@@ -36,7 +36,7 @@ from ..sampling import SamplingConfig
 from .endpoint import Endpoint, EndpointError
 from .scoring import NEAR_TIE_MARGIN, score_completion
 
-__all__ = ["PROBES", "ProbeResult", "ProbeContext", "run_probes"]
+__all__ = ["PROBES", "ProbeContext", "ProbeResult", "run_probes"]
 
 PROBES = ("cold-warm", "shared-prefix", "concurrency", "context-limit", "stream", "controls", "logprobs")
 

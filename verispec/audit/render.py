@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .tokens import TokenAudit
 
-__all__ = ["text", "markdown", "write_report"]
+__all__ = ["markdown", "text", "write_report"]
 
 WIDTH = 80
 

@@ -42,7 +42,7 @@ import numpy as np
 from ..models.base import CausalLM
 from ..sampling import SamplingConfig, warp
 
-__all__ = ["TokenScores", "score_completion", "pit_values", "stack", "NEAR_TIE_MARGIN"]
+__all__ = ["NEAR_TIE_MARGIN", "TokenScores", "pit_values", "score_completion", "stack"]
 
 #: logits (divided by T) within this of a cut-off or of the argmax are near-ties (numerics):
 #: llama.cpp's logits move by up to ~0.4 between forward shapes (`verispec.audit.reference`)

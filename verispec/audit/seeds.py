@@ -27,7 +27,7 @@ class SeedCheck:
     samples: list[list[int]] = field(default_factory=list)
 
 
-def seed_check(endpoint: "Endpoint", settings: "EndpointSettings", tries: int = 4,
+def seed_check(endpoint: Endpoint, settings: EndpointSettings, tries: int = 4,
                seed: int = 2_000_000_000) -> SeedCheck:
     """The cheap separate check of the endpoint's seeds (2 + `tries` requests).
 
@@ -36,7 +36,7 @@ def seed_check(endpoint: "Endpoint", settings: "EndpointSettings", tries: int = 
     means either that, or a server that ignores `seed` (read it with the audit's p).
     """
     prompt = settings.prompt if isinstance(settings.prompt, str) else list(settings.prompt)
-    ask = lambda s: endpoint.complete(prompt, settings.m, settings.temperature,  # noqa: E731
+    ask = lambda s: endpoint.complete(prompt, settings.m, settings.temperature,
                                       settings.top_k, settings.top_p, s).token_ids
     a, b = ask(seed), ask(seed)
     others = [ask(seed + 1 + i) for i in range(tries)]

@@ -34,7 +34,7 @@ from .tokenstats import Effect, per_position, token_effects
 from .twosample import two_sample_effects
 from .verdict import decide, greedy_divergences, impossible_tokens
 
-__all__ = ["TokenAudit", "run_token_audit", "score_samples", "controls_of"]
+__all__ = ["TokenAudit", "controls_of", "run_token_audit", "score_samples"]
 
 #: the reference arm's seeds start here: disjoint from the audited arm's
 REFERENCE_SEEDS = 1_000_000_000
@@ -94,7 +94,7 @@ def _draw(ep: Endpoint, prompts: Sequence[Sequence[int]], n: int, m: int, sampli
     for j, prompt in enumerate(prompts):
         settings = EndpointSettings(ep.url, ep.model, tuple(int(t) for t in prompt), m, sampling.temperature,
                                     sampling.top_k, sampling.top_p, controls_of(sampling))
-        path = None if out is None else (out[:-6] if out.endswith(".jsonl") else out) + f".p{j}.jsonl"
+        path = None if out is None else (out.removesuffix(".jsonl")) + f".p{j}.jsonl"
         drawn[j] = draw_samples(ep, settings, n, out=path, seed_offset=seed0 + j * n, concurrency=concurrency,
                                 progress=progress, desc=f"prompt {j + 1}/{len(prompts)}")
     return drawn
@@ -155,7 +155,7 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
     tok = stack(scores)
     ref_scores = None
     if reference_endpoint is not None:
-        ref_out = None if out is None else (out[:-6] if out.endswith(".jsonl") else out) + ".reference"
+        ref_out = None if out is None else (out.removesuffix(".jsonl")) + ".reference"
         ref_drawn = _draw(reference_endpoint, prompts, n, m, sampling, ref_out, seed + REFERENCE_SEEDS,
                           concurrency, progress)
         ref_scores = score_samples(reference, prompts, ref_drawn, sampling, seed=seed + 1, margin=margin)
@@ -196,7 +196,7 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
                            "from the sampled ids, so this audit is weaker (a tokenisation mismatch looks "
                            "like a bias)")
     return TokenAudit(endpoint.url, reference_endpoint.url if reference_endpoint else f"exact p of {reference.name}",
-                      len(prompts), n, m, int(len(tok.get("tokens", []))) if tok else 0,
+                      len(prompts), n, m, len(tok.get("tokens", [])) if tok else 0,
                       {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                        "controls": [list(c) for c in controls_of(sampling)]},
                       significance, tolerance, decisive, beside, per_position(tok, significance) if sampled else [],

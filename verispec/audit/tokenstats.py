@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["Effect", "token_effects", "per_position", "POWER"]
+__all__ = ["POWER", "Effect", "per_position", "token_effects"]
 
 POWER = 0.8
 

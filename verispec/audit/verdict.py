@@ -43,7 +43,7 @@ import numpy as np
 
 from .tokenstats import Effect, tokens_needed
 
-__all__ = ["Verdict", "decide", "holm", "greedy_divergences", "impossible_tokens"]
+__all__ = ["Verdict", "decide", "greedy_divergences", "holm", "impossible_tokens"]
 
 
 @dataclass

@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..sampling import SamplingConfig, SeededRandomness, warp
 
-__all__ = ["FAULTS", "EXACT", "ALPHABET", "V", "zoo_app", "zoo_logits", "zoo_reference", "detokenize"]
+__all__ = ["ALPHABET", "EXACT", "FAULTS", "V", "detokenize", "zoo_app", "zoo_logits", "zoo_reference"]
 
 V = 16
 ALPHABET = "abcdefghéßλπж中文ü"
