@@ -88,6 +88,7 @@ def test_a_greedy_audit_classifies_divergences_and_fails_a_stale_cache():
                                    tolerance=TOLERANCE) for u in (bad, good)]
     bugs = [g for g in reports[0].greedy if g["kind"] == "bug"]
     assert reports[0].verdict == "FAIL" and bugs and bugs[0]["margin"] > 0.5
+    assert bugs[0]["token"] != bugs[0]["argmax"] and "reference's argmax is" in reports[0].reasons[0]
     assert reports[1].verdict == "pass" and not reports[1].greedy
 
 

@@ -165,7 +165,7 @@ def stack(scores: Sequence[TokenScores]) -> dict[str, np.ndarray]:
     ``completion`` (index of the completion) and ``position`` (1-based)."""
     if not scores:
         return {}
-    keys = ("tokens", "pit", "top1", "pmax", "llx", "llvar", "logp", "outside", "near_tie", "margin")
+    keys = ("tokens", "pit", "top1", "pmax", "llx", "llvar", "logp", "outside", "near_tie", "margin", "argmax")
     out = {k: np.concatenate([getattr(s, k) for s in scores]) for k in keys}
     out["completion"] = np.concatenate([np.full(s.m, i) for i, s in enumerate(scores)])
     out["prompt"] = np.concatenate([np.full(s.m, s.prompt_index) for s in scores])

@@ -87,7 +87,7 @@ def greedy_divergences(tokens: dict[str, np.ndarray], margin: float) -> list[dic
     sel = np.flatnonzero((tokens["pmax"] >= 1.0) & ~tokens["top1"])
     return [{"prompt": int(tokens["prompt"][i]), "completion": int(tokens["completion"][i]),
              "position": int(tokens["position"][i]), "token": int(tokens["tokens"][i]),
-             "margin": float(tokens["margin"][i]),
+             "argmax": int(tokens["argmax"][i]), "margin": float(tokens["margin"][i]),
              "kind": "numerics" if tokens["margin"][i] <= margin else "bug"} for i in sel]
 
 
@@ -133,7 +133,8 @@ def decide(decisive: Sequence[Effect], significance: float, tolerance: float, *,
         g = bugs[0]
         reasons.append(f"{len(bugs)} greedy divergence(s) beyond the numerics floor, e.g. prompt "
                        f"{g['prompt']} completion {g['completion']} position {g['position']}: token "
-                       f"{g['token']}, top-2 margin {g['margin']:.3g}")
+                       f"{g['token']} where the reference's argmax is {g['argmax']}, top-2 margin "
+                       f"{g['margin']:.3g}")
     for pr in probes:
         if getattr(pr, "status", "") == "FAIL":
             reasons.append(f"probe {pr.name}: {pr.detail}")
