@@ -17,7 +17,7 @@ from .decoding import DecodeResult, Stats, decode
 from .drafters import (Drafter, SuffixCache, build_drafters, check_drafter_choice, drafter_choices,
                        drafter_names)
 from .encoding import encode
-from .models import BACKENDS, backend_class, check_options
+from .models import BACKENDS, backend_class, check_options, default_backend
 from .models.base import CausalLM
 from .policy import make_policy
 from .policy.adaptive import check_k_max
@@ -34,7 +34,7 @@ class TokenizerMismatchError(ValueError):
     """The draft's tokenizer is not the target's (nor a prefix of it)."""
 
 
-def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: str | None = None,
+def load_model(spec: str | CausalLM, *, backend: str | None = None, device: str | None = None,
                num_hidden_layers: int | None = None, fetch_missing: bool = True,
                batch_invariant: bool | None = None, n_threads: int | None = None) -> CausalLM:
     """Load a model from a registered name, a local directory, a .gguf file or a hub id.
@@ -43,7 +43,10 @@ def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: s
         spec: e.g. "qwen2.5-coder-1.5b" (see `verispec models list`), "./my-model",
             "model.gguf", "Qwen/Qwen2.5-Coder-1.5B-Instruct"; a `CausalLM` is returned as is.
         backend: a name in `verispec.models.BACKENDS`: "transformers" or "llamacpp" (needs
-            `pip install verispec[llamacpp]`); the backend's class loads the model.
+            `pip install verispec[llamacpp]`); the backend's class loads the model. None:
+            the CLI's rule (`verispec.models.default_backend`: llama.cpp on a CPU when
+            installed, transformers on a GPU), unless an option given is one only another
+            backend takes (e.g. num_hidden_layers: transformers).
         device: "cpu" or "cuda" (transformers only); default: CUDA when available.
         num_hidden_layers: keep only the first N layers (a cheap self-draft; transformers only).
         fetch_missing: download a registered model that is not in the cache yet.
@@ -66,6 +69,12 @@ def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: s
     options = {name: value for name, value in (
         ("device", device), ("num_hidden_layers", num_hidden_layers),
         ("batch_invariant", batch_invariant), ("n_threads", n_threads)) if value is not None}
+    if backend is None:
+        given = {n for n, v in options.items() if v is not False}
+        fits = [name for name in BACKENDS if given <= set(BACKENDS[name].options)]
+        backend = default_backend(device)
+        if fits and backend not in fits:
+            backend = fits[0]
     check_options(backend, {n: v for n, v in options.items() if v is not False})   # False: "off"
     takes = BACKENDS[backend].options
     return backend_class(backend).open(spec, fetch_missing=fetch_missing,
@@ -164,7 +173,7 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target: str | CausalLM, draft: str | CausalLM | None = None, *,
-                 drafter: str | Drafter = "auto", backend: str = "transformers",
+                 drafter: str | Drafter = "auto", backend: str | None = None,
                  device: str | None = None, suffix_cache_size: int = 0, k_max: int = 8) -> None:
         if isinstance(drafter, str):
             check_drafter_choice(drafter, has_draft_model=draft is not None)

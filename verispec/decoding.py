@@ -16,6 +16,7 @@ token is fed at the start of the next verification forward.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -261,6 +262,16 @@ def _verification_forward(target: CausalLM, seq: list[int], x: list[int], sampli
     return logits, p, target.forward_seconds - before
 
 
+def _hot_path(fn):
+    """Run `fn(target, ...)` inside `target.decoding()` (backend settings for the hot path)."""
+    @functools.wraps(fn)
+    def run(target, *args, **kwargs):
+        with target.decoding():
+            return fn(target, *args, **kwargs)
+    return run
+
+
+@_hot_path
 def decode(
     target: CausalLM,
     prompt: Sequence[int],
@@ -319,6 +330,10 @@ def decode(
         target.forward(seq[len(target.tokens):-1], keep=1)
         stats.prefill_seconds = time.perf_counter() - t
     vocab, eos = target.vocab_size, target.eos_token_ids
+    # a plain greedy step needs only the argmax of the raw logits: the warped p is the point
+    # mass there (ties to the lowest id in both) and every exact rule emits that token at k = 0
+    argmax_only = sampling.greedy and not sampling.has_controls
+    no_drafts = torch.zeros(0)
 
     while len(out) < max_new_tokens:
         room = target.context_length - len(seq)
@@ -333,12 +348,18 @@ def decode(
             x, q, cost = propose(drafter, seq, k, sample)
         k = len(x)
         width = min(max(k + 1, policy.verify_width(k + 1)), room) if k else 1
-        logits, p, t_target = _verification_forward(target, seq, x, sampling, width, len(prompt))
-        if not k:
-            q = p.new_zeros(0, vocab)
-        q = q.to(p.dtype)
-        xt = torch.tensor(x, dtype=torch.long)
-        n, y = rule(p, q, xt, rng, len(out))
+        if not k and argmax_only:
+            before = target.forward_seconds
+            logits = target.sync(seq, keep=1)
+            t_target = target.forward_seconds - before
+            n, y = 0, int(logits[-1].argmax())
+        else:
+            logits, p, t_target = _verification_forward(target, seq, x, sampling, width, len(prompt))
+            if not k:
+                q = p.new_zeros(0, vocab)
+            q = q.to(p.dtype)
+            xt = torch.tensor(x, dtype=torch.long)
+            n, y = rule(p, q, xt, rng, len(out))
 
         committed = 0
         for token in x[:n] + [y]:
@@ -359,8 +380,9 @@ def decode(
 
         record = RoundRecord(
             drafter=drafter.name if k else "none", k=k, accepted=n, committed=committed,
-            alphas=alpha(p[:k], q), px=p[:k].gather(-1, xt[:, None]).squeeze(-1),
-            qx=q.gather(-1, xt[:, None]).squeeze(-1), target_seconds=t_target,
+            alphas=alpha(p[:k], q) if k else no_drafts,
+            px=p[:k].gather(-1, xt[:, None]).squeeze(-1) if k else no_drafts,
+            qx=q.gather(-1, xt[:, None]).squeeze(-1) if k else no_drafts, target_seconds=t_target,
             draft_seconds=cost["seconds"], catchup_seconds=cost["catchup_seconds"], width=width,
             tokens=out[len(out) - committed:], logits=logits)
         stats.draft_forwards += cost["forwards"]

@@ -182,7 +182,8 @@ def start_run(out_dir: str | os.PathLike, settings: dict, methods: list[str], *,
     # changed since, e.g. verispec-auto's drafters); only methods new to it get today's
     described = (old_meta or {}).get("method_descriptions", {})
     new_meta["method_descriptions"] = {m: described[m] if m in described else
-                                       METHODS[m].description if m in METHODS else ""
+                                       METHODS[m].description if m in METHODS else
+                                       (meta or {}).get("method_descriptions", {}).get(m, "")
                                        for m in new_meta["methods"]}
     new_meta["prompts"] = "first turn only"
     if old_meta:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..prompts import Prompt
+from .endpoint import ServerMethod
 from .measure import decoder_for, loadavg, run_one
 from .methods import BenchError, check_methods, default_methods
 from .results import RESULTS, append_row, done_pairs, latest_rows, start_run
@@ -30,6 +31,16 @@ def _reset_quietly(*models) -> None:
                 model.reset()
             except Exception:  # noqa: BLE001 - best effort after a failure
                 pass
+
+
+def _same_output(row: dict, plain_ids: list[int] | None, plain_text: str | None) -> bool | None:
+    """Greedy identity with plain's output: token ids when both rows have them, else the
+    texts (a server's rows carry text only), outer whitespace ignored; None if unknown."""
+    if row.get("token_ids") is not None and plain_ids is not None:
+        return row["token_ids"] == plain_ids
+    if row.get("text") is not None and plain_text is not None:
+        return row["text"].strip() == plain_text.strip()
+    return None
 
 
 def _progress(total: int, enabled: bool):
@@ -58,7 +69,8 @@ def run_bench(questions: Sequence[Prompt], methods: Sequence[str] | None = None,
               temperature: float = 0.0, seed: int = 0, out_dir: str | os.PathLike | None = None,
               resume: bool = False, overwrite: bool = False, meta: dict | None = None,
               warmup: bool = True, progress: bool = True,
-              log: Callable[[str], None] | None = None) -> list[dict]:
+              log: Callable[[str], None] | None = None,
+              endpoints: Mapping[str, ServerMethod] | None = None) -> list[dict]:
     """Benchmark `methods` on `questions`, interleaved prompt by prompt.
 
     Args:
@@ -84,6 +96,11 @@ def run_bench(questions: Sequence[Prompt], methods: Sequence[str] | None = None,
         warmup: one short unmeasured generation per method first.
         progress: a tqdm bar on stderr.
         log: called with notes (warm-up failures); default prints to stderr.
+        endpoints: {method name: `ServerMethod`}: servers measured as more methods,
+            interleaved with the others on the same prompts (token ids when a target
+            is loaded; else the question's text as one chat message). With
+            target=None only endpoints run, and one of them must be named "plain"
+            (the baseline: the server without speculation).
 
     Returns:
         The latest row per (question_id, method), previous ones included on resume.
@@ -106,39 +123,64 @@ def run_bench(questions: Sequence[Prompt], methods: Sequence[str] | None = None,
         raise BenchError(f"--temperature must be >= 0, got {temperature!r}")
     if not questions:
         raise BenchError("no questions selected")
-    target_model, draft_model = _models(target, draft, backend)
-    backend = getattr(target_model, "backend", None) or type(target_model).__name__
-    methods = check_methods(methods if methods is not None
-                            else default_methods(backend, draft_model is not None),
-                            backend, draft_model is not None)
-    decoders = {m: decoder_for(m, target_model, draft_model) for m in methods}
+    endpoints = dict(endpoints or {})
+    if target is None:      # only servers: no model in this process
+        if "plain" not in endpoints:
+            raise BenchError("--reference-endpoint (the endpoint named 'plain') is needed: "
+                             "every speedup is measured against it")
+        target_model = draft_model = None
+        backend = "endpoint"
+        methods = list(dict.fromkeys(["plain", *(m for m in methods or endpoints if m in endpoints)]))
+        decoders: dict = {}
+    else:
+        if "plain" in endpoints:
+            raise BenchError("an endpoint cannot be named 'plain' beside a loaded target "
+                             "(plain is verispec's own k = 0 loop); rename it")
+        target_model, draft_model = _models(target, draft, backend)
+        backend = getattr(target_model, "backend", None) or type(target_model).__name__
+        methods = check_methods([m for m in (methods if methods is not None
+                                             else default_methods(backend, draft_model is not None))
+                                 if m not in endpoints],
+                                backend, draft_model is not None) + [m for m in endpoints if m != "plain"]
+        decoders = {m: decoder_for(m, target_model, draft_model) for m in methods if m not in endpoints}
 
     out = Path(out_dir) if out_dir is not None else None
-    settings = {"backend": backend, "target": target_model.name,
+    settings = {"backend": backend,
+                "target": target_model.name if target_model is not None else endpoints["plain"].url,
                 "draft": draft_model.name if draft_model is not None else None,
                 "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
+    described = {m: e.description for m, e in endpoints.items() if e.description}
+    if described:
+        meta = {**(meta or {}), "method_descriptions": {**(meta or {}).get("method_descriptions", {}),
+                                                        **described}}
     previous = (start_run(out, settings, methods, resume=resume, overwrite=overwrite, meta=meta)
                 if out is not None else [])
     done = done_pairs(previous)
     plain_tokens = {r["question_id"]: r["token_ids"] for r in latest_rows(previous)
                     if r["method"] == "plain" and not r.get("error") and "token_ids" in r}
+    plain_texts = {r["question_id"]: r.get("text") for r in latest_rows(previous)
+                   if r["method"] == "plain" and not r.get("error")}
     rows = list(previous)
 
     encoded: dict[int | str, list[int] | str] = {}
+    errs: list[str] = []
     for q in questions:
         try:
-            encoded[q.id] = decoders["plain"].encode(q.text)
+            encoded[q.id] = decoders["plain"].encode(q.text) if decoders else q.text
         except Exception as e:  # noqa: BLE001 - recorded per prompt
             encoded[q.id] = f"{type(e).__name__}: {e}"
+            errs.append(encoded[q.id])
 
-    def measure(ids: list[int], m: str, budget: int) -> dict:
+    def measure(ids: list[int] | str, m: str, budget: int) -> dict:
+        if m in endpoints:
+            return endpoints[m].generate(ids, max_new_tokens=budget, temperature=temperature, seed=seed)
         return run_one(decoders[m], ids, m, max_new_tokens=budget, temperature=temperature, seed=seed)
 
     todo = [(q, m) for q in questions for m in methods if (q.id, m) not in done]
     results_file = (out / RESULTS).open("a", encoding="utf-8") if out is not None else None
     try:
         if warmup and todo:
-            good = [v for v in encoded.values() if isinstance(v, list)]
+            good = [v for v in encoded.values() if isinstance(v, (list, str)) and v not in errs]
             if good:
                 ids = min(good, key=len)
                 for m in methods:
@@ -156,9 +198,10 @@ def run_bench(questions: Sequence[Prompt], methods: Sequence[str] | None = None,
             row: dict[str, Any] = {"question_id": q.id, "category": q.category,
                                    "groups": list(q.groups), "method": m, "turn": 1,
                                    "prompt_tokens": len(ids) if isinstance(ids, list) else None,
+                                   "endpoint": endpoints[m].url if m in endpoints else None,
                                    "loadavg": loadavg()}
             try:
-                if not isinstance(ids, list):
+                if ids in errs:
                     raise ValueError(ids)
                 row.update(measure(ids, m, max_new_tokens))
                 row["error"] = None
@@ -167,11 +210,11 @@ def run_bench(questions: Sequence[Prompt], methods: Sequence[str] | None = None,
                             "error": f"{type(e).__name__}: {e}"})
                 _reset_quietly(target_model, draft_model)
             if m == "plain" and not row["error"]:
-                plain_tokens[q.id] = row["token_ids"]
-            reference = plain_tokens.get(q.id)
-            row["identical_to_plain"] = (row["token_ids"] == reference
+                plain_tokens[q.id] = row.get("token_ids")
+                plain_texts[q.id] = row.get("text")
+            row["identical_to_plain"] = (_same_output(row, plain_tokens.get(q.id), plain_texts.get(q.id))
                                          if m != "plain" and temperature == 0 and not row["error"]
-                                         and reference is not None else None)
+                                         else None)
             row["seed"] = seed
             rows.append(row)
             if results_file is not None:

@@ -131,3 +131,31 @@ def write_report(out_dir: str | os.PathLike) -> str:
                                           default=str) + "\n", encoding="utf-8")
     plot_speedups(summary, out / PLOT)
     return markdown
+
+
+def compare_noise(speculative_tps: float, plain_tps: Sequence[float]) -> dict:
+    """The speedup of one speculative run over plain runs, with the noise it sits in.
+
+    Args:
+        speculative_tps: tokens/s of the speculative run.
+        plain_tps: tokens/s of >= 2 plain runs of the same prompt and settings,
+            interleaved with it (the A/A pair: their spread is this machine's noise now).
+
+    Returns:
+        {"speedup": speculative / mean(plain), "aa_ratio": plain[-1] / plain[0],
+         "noise": max |plain_i / mean(plain) - 1| (a fraction), "within_noise": whether
+         |speedup - 1| <= noise (then the ratio does not show a speedup or a slowdown)}.
+
+    Raises:
+        ValueError: for fewer than two plain runs or a non-positive speed.
+    """
+    plain = [float(v) for v in plain_tps]
+    if len(plain) < 2:
+        raise ValueError("plain_tps needs at least two plain runs (the A/A pair)")
+    if not all(v > 0 for v in [*plain, speculative_tps]):
+        raise ValueError(f"speeds must be > 0 tokens/s, got {speculative_tps!r} and {plain!r}")
+    mean = sum(plain) / len(plain)
+    speedup = speculative_tps / mean
+    noise = max(abs(v / mean - 1) for v in plain)
+    return {"speedup": speedup, "aa_ratio": plain[-1] / plain[0], "noise": noise,
+            "within_noise": abs(speedup - 1) <= noise}

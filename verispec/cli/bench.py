@@ -9,6 +9,7 @@ import typer
 
 from .common import BACKEND, BATCH_INVARIANT, DRAFT, TARGET, build_decoder, default_backend, err, fail, sampling_or_fail
 
+from ..bench.endpoint import ServerError, ServerMethod  # noqa: E402
 from ..bench.methods import METHODS, default_methods, method_names, quick_methods  # noqa: E402 - help texts
 from ..prompts import CATEGORY_FILES, DEFAULT_CATEGORIES, MT_BENCH_CATEGORIES
 
@@ -49,6 +50,13 @@ def bench(
     table_only: bool = typer.Option(False, "--table-only", help="like --report, for the --out directory"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
     batch_invariant: Optional[bool] = BATCH_INVARIANT,
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="benchmark an OpenAI-compatible "
+                                           "server (speculation on) at this URL instead of a local model"),
+    reference_endpoint: Optional[str] = typer.Option(None, "--reference-endpoint", help="the same "
+                                                     "server without speculation (the baseline); default: "
+                                                     "--endpoint itself (an A/A run)"),
+    endpoint_model: Optional[str] = typer.Option(None, "--endpoint-model", help="`model` field of "
+                                                 "requests (default: the server's first /v1/models id)"),
 ) -> None:
     """Benchmark verispec against plain decoding on Spec-Bench (first turns), Spec-Bench-style tables."""
     import datetime
@@ -72,8 +80,12 @@ def bench(
         err.print(f"wrote {Path(where) / B.TABLE}, {B.SUMMARY}, {B.PLOT}")
         return
 
+    if endpoint is None and reference_endpoint is not None:
+        fail("--reference-endpoint needs --endpoint URL (the server with speculation on)")
+    if endpoint is not None:
+        backend = "endpoint"
     backend = backend or default_backend()
-    if backend not in BACKENDS:
+    if backend not in BACKENDS and endpoint is None:
         fail(f"--backend must be {' or '.join(BACKENDS)}, got {backend!r}")
     if per_category is None:
         per_category = 1 if quick else 3
@@ -93,9 +105,13 @@ def bench(
     target = target or registry.DEFAULT_TARGET
     try:
         method_list = B.parse_list(methods)
-        if method_list is None:
-            method_list = B.quick_methods(backend) if quick else B.default_methods(backend, draft is not None)
-        method_list = B.check_methods(method_list, backend, draft is not None)
+        if endpoint is not None:
+            method_list = ["plain", "plain-again", "endpoint"]
+        else:
+            if method_list is None:
+                method_list = (B.quick_methods(backend) if quick
+                               else B.default_methods(backend, draft is not None))
+            method_list = B.check_methods(method_list, backend, draft is not None)
         category_list = B.parse_list(categories) or list(B.QUICK_CATEGORIES if quick else DEFAULT_CATEGORIES)
         dataset_path = prompts.dataset_path(dataset)
         questions = prompts.load_prompts(dataset_path, category_list, per_category)
@@ -109,16 +125,25 @@ def bench(
               "--force to start over, or another --out")
     err.print(f"bench: {len(questions)} prompts x {len(method_list)} methods ({', '.join(method_list)}), "
               f"{max_new_tokens} new tokens, backend {backend} -> {out_dir}")
-    decoder, backend = build_decoder(target, draft or "none", backend, "auto", batch_invariant=batch_invariant)
     command = "verispec " + shlex.join(sys.argv[1:])
     meta = {"command": command, "dataset": str(dataset_path), "per_category": per_category,
             "categories": category_list, "quick": quick}
+    endpoints = None
+    if endpoint is not None:
+        try:
+            endpoints = _endpoints(endpoint, reference_endpoint, endpoint_model)
+        except ValueError as e:
+            fail(f"--endpoint: {e}")
+        decoder = None
+    else:
+        decoder, backend = build_decoder(target, draft or "none", backend, "auto",
+                                         batch_invariant=batch_invariant)
     try:
-        B.run_bench(questions, method_list, target=decoder, backend=backend,
+        B.run_bench(questions, method_list, target=decoder, backend=backend, endpoints=endpoints,
                     max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                     out_dir=out_dir, resume=resume, overwrite=force, meta=meta,
                     progress=not no_progress, log=lambda msg: err.print(f"[yellow]{msg}[/]"))
-    except B.BenchError as e:
+    except (B.BenchError, ServerError) as e:
         fail(str(e))
     except KeyboardInterrupt:
         err.print(f"interrupted; finished measurements are in {out_dir / B.RESULTS} (use --resume)")
@@ -129,3 +154,17 @@ def bench(
     sys.stdout.write(markdown)
     err.print(f"wrote {out_dir / B.RESULTS}, {B.TABLE}, {B.SUMMARY}, {B.PLOT}")
 
+
+
+def _endpoints(url: str, reference: str | None, model: str | None) -> dict:
+    """{"plain": the reference (or `url` again), "plain-again": the same (A/A), "endpoint": url}.
+
+    Raises:
+        ValueError: for a URL that is not http(s).
+    """
+    base = reference or url
+    return {"plain": ServerMethod(base, model, description=f"{base} (the baseline: speculation off)"
+                              if reference else f"{base} (the endpoint itself: no reference given)"),
+            "plain-again": ServerMethod(base, model, description="the baseline again (A/A: the noise "
+                                    "any ratio here sits in)"),
+            "endpoint": ServerMethod(url, model, description=f"{url} (speculation on)")}

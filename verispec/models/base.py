@@ -8,6 +8,7 @@ layout; rollback after a rejection is one `truncate` call.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -126,6 +127,12 @@ class CausalLM(ABC):
         """
         self.rollback_to(context)
         return self.forward(context[len(self.tokens):], keep)
+
+    def decoding(self) -> contextlib.AbstractContextManager:
+        """A context the decode loop holds for a whole generation: backend settings that
+        speed the hot path and must not outlive it (llama.cpp: torch kept to one thread).
+        Default: nothing."""
+        return contextlib.nullcontext()
 
     def reset(self) -> None:
         """Empty the cache, even when an exception left it out of step with `tokens`."""

@@ -246,6 +246,26 @@ class LlamaCppModel(CausalLM):
                 f"load with batch_invariant=False (--no-batch-invariant), and report the "
                 f"llama.cpp build: {self._lib.llama_print_system_info().decode(errors='replace')}")
 
+    @contextlib.contextmanager
+    def decoding(self):
+        """Keep torch to one intra-op thread while llama.cpp decodes (restored after).
+
+        torch's and llama.cpp's OpenMP pools are separate; after every parallel torch op
+        (a softmax or argmax over V ~ 150k logits) torch's idle workers spin-wait and
+        take cores from llama.cpp's next forward. The per-token torch work is a few
+        vector ops over V, faster on one thread than the spin it causes
+        (benchmarks/llamacpp-native/). This is what the test suite's
+        OMP_WAIT_POLICY=passive worked around, without slowing llama.cpp's own waits.
+        """
+        before = torch.get_num_threads()
+        if before != 1:
+            torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            if before != 1:
+                torch.set_num_threads(before)
+
     def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:
         out = []
         n_past = len(self.tokens)
@@ -268,7 +288,7 @@ class LlamaCppModel(CausalLM):
             if rows > 0:
                 ptr = self.llama._ctx.get_logits()
                 out.append(np.ctypeslib.as_array(ptr, shape=(rows, self.vocab_size)).copy())
-        return torch.from_numpy(np.concatenate(out))
+        return torch.from_numpy(out[0] if len(out) == 1 else np.concatenate(out))
 
     def _truncate(self, length: int) -> None:
         self.llama._ctx.kv_cache_seq_rm(0, length, -1)

@@ -19,12 +19,29 @@ cost ratio c; `theory.CostCurve.speedup` on the prices of `costs.OnlineCostCurve
   1 + margin, its catch-up would pay and it fits the exploration ration. Each probe
   doubles the interval to the next (up to 64 rounds) until drafting pays again.
 
+Two corrections keep `auto` from losing what a single drafter wins:
+
+* a decaying prior: every round a drafter does not draft, its positional α̂ keep
+  `relax` of their weight (`AlphaEstimates.relax`), so after an early rejection α̂
+  drifts back towards the prior and the drafter is tried again (it is not written off
+  for the rest of the text);
+* measured goodput (with a `clock`; `make_policy` gives it the wall clock): a round's
+  wall time from `choose` to `observe`, catch-up excluded (it has its own charge), is
+  compared with the seconds the curve priced it at (k · T_d + T_t(w(k + 1)); T_t(1) for
+  a plain round). The ratio priced / wall of a drafter's rounds, relative to that of
+  plain rounds (overheads both share cancel), is the share of its predicted goodput it
+  delivers; its predictions are scaled by that share (decayed mean, shrunk towards the
+  plain ratio with the weight of `prior_weight` rounds, never above 1), so a drafter
+  whose acceptance does not turn into tokens per second (per-draft overheads the curve
+  misses) loses to one whose does. Acceptance itself is the α̂'s job, not counted twice.
+
 A round teaches the estimates only if all its measurements are finite (a request with
 broken numerics must not change how later requests are drafted): see `observe`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -37,6 +54,7 @@ from .alphas import AlphaEstimates
 from .budget import Budget
 from .calibration import time_drafters, time_target
 from .costs import OnlineCostCurve
+from .decayed import Decayed
 
 __all__ = ["AdaptivePolicy", "check_k_max"]
 
@@ -78,26 +96,35 @@ class AdaptivePolicy(Policy):
             in [0, 1] (0 = start each generation from `alpha_prior`).
         evidence_decay: weight of the past per new observation in an evidence
             cell, in (0, 1) (slower than `decay`: cells see few observations each).
+        relax: weight a drafter's positional α̂ keep per round it does not draft,
+            in [0, 1] (1 = never forget a rejection).
+        clock: seconds (e.g. `time.perf_counter`) to measure each round's wall time for
+            the goodput correction; None: no correction (predictions from the curve alone).
 
     Raises:
-        ValueError: for k_max < 1, decay outside (0, 1), or explore_fraction or
-            carry outside [0, 1], or evidence_decay outside (0, 1).
+        ValueError: for k_max < 1, decay outside (0, 1), or explore_fraction,
+            carry or relax outside [0, 1], or evidence_decay outside (0, 1).
     """
 
     def __init__(self, drafters: dict[str, Drafter], *, k_max: int = 8, decay: float = 0.9,
                  alpha_prior: float = 0.6, prior_weight: float = 3.0, margin: float = 0.03,
                  probe_every: int = 8, probe_alpha: float = 0.9, explore_slope: float = 0.1,
                  refresh_every: int = 32, explore_fraction: float = 0.1,
-                 carry: float = 0.3, evidence_decay: float = 0.98) -> None:
+                 carry: float = 0.3, evidence_decay: float = 0.98, relax: float = 0.97,
+                 clock: Clock | None = None) -> None:
         check_k_max(k_max)
         for label, value in (("decay", decay), ("evidence_decay", evidence_decay)):
             if not 0 < value < 1:
                 raise ValueError(f"{label} must be in (0, 1), got {value!r}")
-        for label, value in (("explore_fraction", explore_fraction), ("carry", carry)):
+        for label, value in (("explore_fraction", explore_fraction), ("carry", carry), ("relax", relax)):
             if not 0 <= value <= 1:
                 raise ValueError(f"{label} must be in [0, 1], got {value!r}")
         self.drafters = dict(drafters)
-        self.k_max, self.margin, self.carry = k_max, margin, carry
+        self.k_max, self.margin, self.carry, self.relax = k_max, margin, carry, relax
+        self.prior_weight, self.decay = prior_weight, decay
+        self.clock, self._started = clock, None
+        self.goodput = {name: Decayed() for name in self.drafters}   # priced / wall seconds
+        self.plain_goodput = Decayed()                                # the same, plain rounds
         self.probe_every, self.probe_alpha, self.refresh_every = probe_every, probe_alpha, refresh_every
         priors = {name: getattr(d, "alpha_prior", alpha_prior) for name, d in self.drafters.items()}
         self.estimates = AlphaEstimates(priors, k_max, decay=decay, evidence_decay=evidence_decay,
@@ -114,7 +141,8 @@ class AdaptivePolicy(Policy):
         self.plain_streak = 0
         self.rounds_since_plain = 0
         self.probing: str | None = None      # the drafter this round probes
-        self._round: tuple[str, list[Confidence] | None, int] | None = None   # (name, evidence, missing)
+        # (name, evidence, missing, the round's seconds the curve predicted)
+        self._round: tuple[str, list[Confidence] | None, int, float] | None = None
 
     # -- generations and calibration -----------------------------------------------------
     def start(self, max_new_tokens: int | None = None) -> None:
@@ -195,7 +223,17 @@ class AdaptivePolicy(Policy):
         curve = self.costs.curve(name)
         if curve is None:
             return 1.0 + self.margin * 2
-        return curve.speedup(self.alphas(name, k, evidence, floor), k)
+        return curve.speedup(self.alphas(name, k, evidence, floor), k) * self.goodput_factor(name)
+
+    def goodput_factor(self, name: str) -> float:
+        """How much of its predicted goodput drafter `name` has delivered: the decayed mean
+        of predicted / measured round seconds over its drafted rounds, shrunk towards 1 with the weight
+        of `prior_weight` rounds, at most 1 (1.0 before any round)."""
+        g, plain = self.goodput[name], self.plain_goodput
+        if not g.weight:
+            return 1.0
+        base = plain.mean if plain.weight else 1.0
+        return min(1.0, (g.total + self.prior_weight * base) / (g.weight + self.prior_weight) / base)
 
     def catchup_charge(self, name: str, seq: Sequence[int]) -> tuple[float, int]:
         """(seconds, tokens) of the catch-up drafter `name` needs before drafting after
@@ -215,6 +253,7 @@ class AdaptivePolicy(Policy):
     # -- the schedule --------------------------------------------------------------------
     def choose(self, seq: Sequence[int]) -> tuple[Drafter | None, int]:
         self._round = None
+        self._started = self.clock() if self.clock is not None else None
         remaining = self.budget.remaining(seq)   # (fixes the prompt length at the first round)
         if not self.costs.ready or self.rounds_since_plain >= self.refresh_every or remaining < 2:
             return None, 0                        # measure (or refresh) T_t(1) with a plain round
@@ -283,10 +322,20 @@ class AdaptivePolicy(Policy):
 
     def _draft(self, name: str, k: int, offers: dict[str, Offer], seq: Sequence[int]) -> tuple[Drafter, int]:
         """Remember what this round drafts (for `observe`) and return it."""
-        self._round = (name, offers[name][1], self.catchup_charge(name, seq)[1])
+        curve = self.costs.curve(name)
+        predicted = k * curve.draft_time + curve.target_times[k] if curve is not None else 0.0
+        self._round = (name, offers[name][1], self.catchup_charge(name, seq)[1], predicted)
         return self.drafters[name], k
 
     # -- learning ------------------------------------------------------------------------
+    def _wall(self, record: RoundRecord) -> float | None:
+        """Wall seconds since `choose`, catch-up excluded; None without a clock or > 0 value."""
+        started, self._started = self._started, None
+        if started is None or self.clock is None:
+            return None
+        wall = self.clock() - started - record.catchup_seconds
+        return wall if wall > 0 and math.isfinite(wall) else None
+
     def observe(self, record: RoundRecord) -> None:
         """Learn from the round just finished: its time (spent, probe loss), T_t(width),
         and for a drafted round α̂ (exact α at the verified positions), T_d and catch-up.
@@ -307,6 +356,12 @@ class AdaptivePolicy(Policy):
             self.budget.lose(probing, max(0.0, seconds - record.committed * t1))
         self.costs.observe_target(record.width, record.target_seconds)
         self.rounds_since_plain = 0 if record.k == 0 else self.rounds_since_plain + 1
+        wall = self._wall(record)
+        if record.k == 0 and wall is not None:
+            self.plain_goodput.add(self.costs.target(1) / wall, self.decay)
+        for name in self.drafters:
+            if name != record.drafter or record.k == 0:
+                self.estimates.relax(name, self.relax)
         if record.k == 0 or record.drafter not in self.drafters:
             return
         mine = chosen is not None and chosen[0] == record.drafter   # drafted as `choose` said
@@ -316,3 +371,5 @@ class AdaptivePolicy(Policy):
         missing = chosen[2] if mine else 0
         if missing > 2 and record.catchup_seconds > 0:   # it fed missing - 1 tokens
             self.costs.observe_catchup(record.drafter, record.catchup_seconds / (missing - 1))
+        if mine and wall is not None and chosen[3] > 0:
+            self.goodput[record.drafter].add(chosen[3] / wall, self.decay)

@@ -142,6 +142,14 @@ class AlphaEstimates:
                 self.evidence[name].add(evidence[i], alphas[i], self.evidence_decay)
         return True
 
+    def relax(self, name: str, factor: float) -> None:
+        """Drafter `name` went a round without drafting: its positional means keep `factor`
+        (in [0, 1]) of their weight, so α̂ drifts back towards its prior (a decaying prior:
+        one early rejection is not a verdict for the rest of the text; the drafter is
+        re-tried once the evidence against it has faded)."""
+        for stat in self.positional[name]:
+            stat.scale(factor)
+
     def carry_over(self, carry: float) -> None:
         """A new generation: the positional means keep `carry` (in [0, 1]) of their weight."""
         for stats in self.positional.values():

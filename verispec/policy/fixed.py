@@ -6,6 +6,8 @@ before a round, `observe` after it, `verify_width`): the decode loop's side of i
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Sequence
 
 from ..decoding import Policy, RoundRecord
@@ -59,6 +61,7 @@ def make_policy(k: int | str, drafters: dict[str, Drafter], *, k_max: int = 8, *
     """
     check_k_max(k_max)
     if k == "auto":
+        kwargs.setdefault("clock", time.perf_counter)   # the goodput correction reads the wall clock
         return AdaptivePolicy(drafters, k_max=k_max, **kwargs)
     check_k(k)
     drafter = next(iter(drafters.values()), None)

@@ -1,0 +1,141 @@
+"""verispec on llama.cpp against native llama.cpp, in one interleaved `bench` run.
+
+Starts `llama-server` (built by build_llama_tools.sh, the llama.cpp verispec's backend runs)
+three times on 127.0.0.1 with the same GGUFs and threads as verispec, and measures them as
+bench methods beside verispec's own, prompt by prompt (`run_bench(endpoints=...)`):
+
+    plain                  verispec, k = 0 (every speedup's baseline)
+    plain-again            verispec, k = 0 again (A/A: the noise the ratios sit in)
+    verispec*, ...         the verispec methods asked for (--methods)
+    llama-server           native plain decoding (no speculation)
+    llama-server-draft     --spec-type draft-simple --model-draft DRAFT (llama.cpp's defaults)
+    llama-server-ngram     --spec-type ngram-simple
+
+Servers run with `--no-repack`: on the VM this was measured on, llama.cpp's default extra
+buffer types use AMX tiles, which its kernel does not grant (SIGILL), and without repacking
+they hold the weights as verispec's batch-invariant mode does. Every server gets the chat-templated token ids verispec decodes (`/v1/completions` with a
+token list, `cache_prompt: false` so each request is prefilled like every other row) and
+greedy decoding; τ and α̂ come from llama-server's `timings` (draft_n, draft_n_accepted).
+Servers are stopped on exit. Run it under the project's lock:
+
+    flock /tmp/verispec-heavy.lock .venv/bin/python benchmarks/llamacpp/native_bench.py \
+        --out benchmarks/llamacpp-native/bench --per-category 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+
+from verispec import registry
+from verispec.api import SpeculativeDecoder
+from verispec.bench import run_bench, write_report
+from verispec.bench.endpoint import ServerMethod
+from verispec.models.llamacpp import LlamaCppModel
+from verispec.prompts import DEFAULT_CATEGORIES, dataset_path, load_prompts
+
+BUILD = Path(os.environ.get("VERISPEC_BUILD", Path.home() / ".cache/verispec/build")) / "llama.cpp-0c1e570"
+SERVERS = {
+    "llama-server": ([], "native llama.cpp llama-server, no speculation"),
+    "llama-server-draft": (["--spec-type", "draft-simple", "--model-draft", "{draft}", "-td", "{threads}"],
+                           "native llama-server --spec-type draft-simple --model-draft (draft model, "
+                           "llama.cpp's default draft settings)"),
+    "llama-server-ngram": (["--spec-type", "ngram-simple"], "native llama-server --spec-type ngram-simple"),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def llama_server(binary: Path, model: Path, extra: list[str], threads: int, n_ctx: int, log: Path):
+    """A llama-server on 127.0.0.1 (one slot, metrics on), stopped on exit; yields its URL."""
+    port = _free_port()
+    cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+           "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--metrics", "--no-repack", *extra]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"llama-server exited ({proc.returncode}); see {log}: {shlex.join(cmd)}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"llama-server did not become ready in 300 s; see {log}")
+            time.sleep(0.5)
+        yield url, shlex.join(cmd)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="output directory (results.jsonl, table.md, ...)")
+    ap.add_argument("--dataset", default=None, help="Spec-Bench question.jsonl (default: as `bench`)")
+    ap.add_argument("--target", default=registry.DEFAULT_TARGET)
+    ap.add_argument("--draft", default=registry.DEFAULT_DRAFT)
+    ap.add_argument("--bin-dir", default=str(BUILD / "bin"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--n-ctx", type=int, default=8192)
+    ap.add_argument("--categories", default=",".join(DEFAULT_CATEGORIES))
+    ap.add_argument("--per-category", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--methods", default="plain-again,verispec,verispec-suffix,verispec-auto")
+    ap.add_argument("--servers", default=",".join(SERVERS), help="which native rows (comma-separated)")
+    ap.add_argument("--resume", action="store_true")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the servers on a kill too
+
+    questions = load_prompts(dataset_path(args.dataset), args.categories.split(","), args.per_category)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t = registry.resolve(args.target, weights=False)
+    d = registry.resolve(args.draft, weights=False)
+    target = LlamaCppModel.load(str(t.gguf_path), tokenizer_path=t.hf_path, name=t.name, n_threads=args.threads)
+    draft = LlamaCppModel.load(str(d.gguf_path), tokenizer_path=d.hf_path, name=d.name, n_threads=args.threads)
+    binary = Path(args.bin_dir) / "llama-server"
+    with ExitStack() as stack:
+        endpoints, commands = {}, {}
+        for name in args.servers.split(","):
+            extra, description = SERVERS[name]
+            extra = [a.format(draft=d.gguf_path, threads=args.threads) for a in extra]
+            url, cmd = stack.enter_context(llama_server(binary, Path(t.gguf_path), extra, args.threads,
+                                                        args.n_ctx, out / f"{name}.log"))
+            endpoints[name] = ServerMethod(url, extra={"cache_prompt": False},
+                                           description=description)
+            commands[name] = cmd
+        meta = {"command": "python " + shlex.join(sys.argv), "server_commands": commands,
+                "per_category": args.per_category, "categories": args.categories.split(","),
+                "threads": args.threads}
+        run_bench(questions, args.methods.split(","), target=SpeculativeDecoder(target, draft),
+                  backend="llamacpp", max_new_tokens=args.max_new_tokens, out_dir=out,
+                  resume=args.resume, overwrite=not args.resume, meta=meta, endpoints=endpoints)
+    sys.stdout.write(write_report(out))
+
+
+if __name__ == "__main__":
+    main()
