@@ -325,7 +325,7 @@ def test_cli_two_sample_audit_as_json(tmp_path):
         result = CliRunner().invoke(app, ["audit", "--endpoint", a + "/v1", "--reference-endpoint", b,
                                           "--prompt-ids", "3,5,7", "--n-samples", "150", "--m", "2",
                                           "--temperature", "0.7", "--out", str(tmp_path / "a.jsonl"),
-                                          "--tolerance", "0.3", "--json"])
+                                          "--position-tolerance", "0.3", "--per-position", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["verdict"] in ("pass", "inconclusive") and report["n_samples"] == 150
@@ -345,7 +345,7 @@ def test_cli_errors_name_the_option(args, message):
 
     with _serve() as url:
         extra = ["--reference-endpoint", url] if "--model" in args else []
-        result = CliRunner().invoke(app, ["audit", "--endpoint", url, "--prompt-ids", "3,5,7",
+        result = CliRunner().invoke(app, ["audit", "--endpoint", url, "--prompt-ids", "3,5,7", "--per-position",
                                           "--n-samples", "10", *args, *extra])
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
@@ -372,7 +372,7 @@ def test_unreachable_server_httpx_error_is_not_leaked():
     s.close()
     result = CliRunner().invoke(app, ["audit", "--endpoint", f"http://127.0.0.1:{port}/v1",
                                       "--reference-endpoint", f"http://127.0.0.1:{port}/v1",
-                                      "--prompt-ids", "1"])
+                                      "--prompt-ids", "1", "--per-position"])
     assert result.exit_code == 2 and "cannot reach" in result.output
     assert not isinstance(result.exception, httpx.HTTPError)
 
@@ -454,7 +454,7 @@ def test_cli_rereads_a_complete_out_file_without_the_server(tmp_path):
         draw_samples(Endpoint(url + "/v1", "toy"), settings, 40, out=out, progress=False)
     args = ["audit", "--endpoint", url + "/v1", "--model", "toy", "--prompt-ids", "3,5,7", "--n-samples", "40",
             "--m", "2", "--temperature", str(T), "--out", str(out), "--target", "smollm2-135m",
-            "--backend", "transformers", "--json"]
+            "--backend", "transformers", "--per-position", "--json"]
     reread = CliRunner().invoke(app, args + ["--no-seed-check"])
     assert reread.exit_code == 0, reread.output
     report = json.loads(reread.stdout.strip().splitlines()[-1])

@@ -30,7 +30,15 @@ Rooms, one idea each (read them top to bottom):
 | `goodness` | χ² goodness of fit to a known p, per position given the prefix (the exact reference) |
 | `power` | the smallest TV a χ² test detects with 80 % power (`detectable_tv`, `samples_for`) |
 | `numerics` | the numerics floor: TV between p of 1-token forwards and of a verification forward |
-| `reference` | the endpoint audit: `compare_exact`, `compare_two_sample`, `EndpointReport`, verdict |
+| `reference` | the per-position endpoint audit: `compare_exact`, `compare_two_sample`, `EndpointReport` |
+| `scoring` | teacher forcing: the reference's p at every generated token; randomized PIT, top-1, log-likelihood |
+| `tokenstats` | pooled per-token effects with exact variances, intervals, detectable effects (80 % power) |
+| `twosample` | spec-on vs spec-off: completion-level summaries, stratified permutation test |
+| `verdict` | pass / FAIL / inconclusive: tolerance, Holm over the family, impossible tokens, greedy divergences |
+| `probes` | stateful probes: cold/warm, shared prefix, concurrency, context limit, stream, controls, logprobs |
+| `tokens` | the token-level endpoint audit, one run: draw → score → statistics → verdict (`run_token_audit`) |
+| `render` | its report: 80-column text, markdown, PIT and per-position PNGs |
+| `zoo` | the bug zoo: a toy speculative server over HTTP, exact or with one public bug (`zoo_app`) |
 
 Everything public of the in-process audit is re-exported here: ``from verispec.audit import X``;
 the endpoint audit's rooms are imported by name (``verispec.audit.endpoint``, ...).

@@ -58,7 +58,10 @@ class EndpointSettings:
         model: the served model name (`/v1/models`).
         prompt: text, or a list of token ids.
         m: new tokens per sample (``max_tokens``), >= 1.
-        temperature: > 0; top_k: 0 = off; top_p: in (0, 1].
+        temperature: >= 0 (0: greedy); top_k: 0 = off; top_p: in (0, 1].
+        controls: (name, value) pairs sent as request fields: ``min_p``,
+            ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
+            ``logit_bias`` (a tuple of (id, bias) pairs).
     """
 
     url: str
@@ -68,11 +71,17 @@ class EndpointSettings:
     temperature: float
     top_k: int = 0
     top_p: float = 1.0
+    controls: tuple = ()
 
     def key(self) -> dict:
-        """The JSON-ready identity of the audit (stored with every sample)."""
+        """The JSON-ready identity of the audit (stored with every sample; ``controls``
+        only when some are set, so files of earlier audits still resume)."""
         d = asdict(self)
         d["prompt"] = self.prompt if isinstance(self.prompt, str) else list(self.prompt)
+        if self.controls:
+            d["controls"] = {k: (dict(v) if k == "logit_bias" else v) for k, v in self.controls}
+        else:
+            d.pop("controls")
         return d
 
 
@@ -93,6 +102,7 @@ class Sample:
     source: str
     finish_reason: str | None
     seed: int | None
+    logprobs: list[float] | None = None
 
 
 def _root(url: str) -> tuple[str, str]:
@@ -230,7 +240,7 @@ class Endpoint:
                             f"does not work ({last}); audit a server that returns token ids")
 
     def _body(self, prompt, m: int, temperature: float, top_k: int, top_p: float,
-              seed: int | None) -> dict:
+              seed: int | None, controls: tuple = (), logprobs: int | None = None) -> dict:
         body: dict[str, Any] = {"model": self.model, "prompt": prompt if isinstance(prompt, str) else list(prompt),
                                 "max_tokens": m, "temperature": temperature, "top_p": top_p,
                                 "min_p": 0.0, "repetition_penalty": 1.0, "return_token_ids": True,
@@ -239,12 +249,17 @@ class Endpoint:
             body["top_k"] = top_k
         if seed is not None:
             body["seed"] = seed
+        for name, value in controls:
+            body[name] = {str(t): b for t, b in value} if name == "logit_bias" else value
+        if logprobs is not None:
+            body["logprobs"] = logprobs
         for f in self.dropped:
             body.pop(f, None)
         return body
 
     def complete(self, prompt: str | Sequence[int], m: int, temperature: float, top_k: int = 0,
-                 top_p: float = 1.0, seed: int | None = None) -> Sample:
+                 top_p: float = 1.0, seed: int | None = None, controls: tuple = (),
+                 logprobs: int | None = None) -> Sample:
         """One completion of at most m tokens, as a `Sample` (see the module doc for the
         sources of token ids).
 
@@ -258,7 +273,7 @@ class Endpoint:
                 raise EndpointError(f"{self.root}/completion stopped returning tokens")
             return self._checked(ids, text, "llama.cpp /completion", finish, seed, m, None)
         while True:
-            body = self._body(prompt, m, temperature, top_k, top_p, seed)
+            body = self._body(prompt, m, temperature, top_k, top_p, seed, controls, logprobs)
             r = self._request("POST", self.v1 + "/completions", body)
             if r.status_code == 400:
                 msg = self._message(r)
@@ -292,7 +307,11 @@ class Endpoint:
                                     f"({str(data)[:200]}); this server cannot be audited")
             ids, source = (self.tokenize(text) if text else []), "retokenised"
         usage = (data.get("usage") or {}).get("completion_tokens")
-        return self._checked(ids, text, source, finish, seed, m, usage)
+        sample = self._checked(ids, text, source, finish, seed, m, usage)
+        lp = (choice.get("logprobs") or {}) if isinstance(choice.get("logprobs"), dict) else {}
+        if isinstance(lp.get("token_logprobs"), list):
+            sample.logprobs = [float(x) if x is not None else float("nan") for x in lp["token_logprobs"]][:m]
+        return sample
 
     def _checked(self, ids, text, source: str, finish, seed, m: int, usage) -> Sample:
         """The sample, after checking the server kept to max_tokens = m."""
@@ -392,7 +411,7 @@ def draw_samples(endpoint: Endpoint, settings: EndpointSettings, n: int, *, out:
 
     def one(i: int) -> tuple[int, Sample]:
         return i, endpoint.complete(prompt, settings.m, settings.temperature, settings.top_k,
-                                    settings.top_p, seed_offset + i if seeds else None)
+                                    settings.top_p, seed_offset + i if seeds else None, settings.controls)
 
     def keep(i: int, s: Sample, bar) -> None:
         with lock:
@@ -421,34 +440,4 @@ def draw_samples(endpoint: Endpoint, settings: EndpointSettings, n: int, *, out:
     return [have[i] for i in range(n)]
 
 
-@dataclass
-class SeedCheck:
-    """Does the endpoint's `seed` work? (two identical seeded requests, then other seeds)
-
-    Attributes:
-        reproducible: two requests with one seed gave the same tokens.
-        varies: some of `tries` other seeds gave different tokens.
-        tries: how many other seeds were tried.
-    """
-
-    reproducible: bool
-    varies: bool
-    tries: int
-    samples: list[list[int]] = field(default_factory=list)
-
-
-def seed_check(endpoint: Endpoint, settings: EndpointSettings, tries: int = 4,
-               seed: int = 2_000_000_000) -> SeedCheck:
-    """The cheap separate check of the endpoint's seeds (2 + `tries` requests).
-
-    With a sampling temperature > 0 and m tokens, different seeds give different
-    samples unless the distribution is nearly a point mass; `varies` False then
-    means either that, or a server that ignores `seed` (read it with the audit's p).
-    """
-    prompt = settings.prompt if isinstance(settings.prompt, str) else list(settings.prompt)
-    ask = lambda s: endpoint.complete(prompt, settings.m, settings.temperature,  # noqa: E731
-                                      settings.top_k, settings.top_p, s).token_ids
-    a, b = ask(seed), ask(seed)
-    others = [ask(seed + 1 + i) for i in range(tries)]
-    return SeedCheck(reproducible=a == b, varies=any(o != a for o in others), tries=tries,
-                     samples=[a, b, *others])
+from .seeds import SeedCheck, seed_check  # noqa: E402  (kept importable from here)

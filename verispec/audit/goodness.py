@@ -213,7 +213,10 @@ def joint_fit(positions: Sequence[FitResult]) -> FitResult:
     return FitResult(f"joint 1..{len(positions)}", stat, dof, float(chi2.sf(stat, dof)) if dof else 1.0,
                      [g for r in positions for g in r.groups], sum(r.untested for r in positions),
                      sum(r.outside for r in positions),
-                     tv=sum(r.tv for r in positions),
-                     tv_corrected=sum(r.tv_corrected for r in positions),
-                     tv_ci=(max(r.tv_ci[0] for r in positions), sum(r.tv_ci[1] for r in positions)),
+                     # Σ of the positions' conditional TVs bounds the joint TV from above; a total
+                     # variation never exceeds 1, so neither does what is printed for it
+                     tv=min(1.0, sum(r.tv for r in positions)),
+                     tv_corrected=min(1.0, sum(r.tv_corrected for r in positions)),
+                     tv_ci=(min(1.0, max(r.tv_ci[0] for r in positions)),
+                            min(1.0, sum(r.tv_ci[1] for r in positions))),
                      boundary=sum(r.boundary for r in positions))

@@ -109,7 +109,9 @@ class EndpointReport:
         return cls(rows=rows, **d)
 
     def table(self):
-        """A rich Table, one row per test, the verdict and reasons in the caption."""
+        """A rich Table, one row per test, readable at 80 columns (the test kind, statistic
+        and dof are in ``to_dict()``), the verdict and reasons in the caption."""
+        from rich import box
         from rich.table import Table
 
         colour = {"pass": "green", "FAIL": "red"}.get(self.verdict, "yellow")
@@ -117,20 +119,21 @@ class EndpointReport:
                         + (f" / {self.n_reference}" if self.n_reference else "")
                         + f", m = {self.m}, significance {self.significance} "
                           f"(Bonferroni {self.per_test:.2g} per test)",
+                  box=box.SIMPLE_HEAD, padding=(0, 1),
                   caption=f"[{colour}]{self.verdict}[/{colour}]"
                           + (": " + "; ".join(self.reasons) if self.reasons else "")
-                          + "\ndetectable δ: smallest TV found with 80 % power — 'top→2nd' moves δ "
-                            "from the most probable token to the second, 'worst' is any shift")
-        for col in ("test", "kind", "stat", "dof", "p-value", "TV̂ [95 % CI]", "δ top→2nd",
-                    "δ worst", "numerics", "status"):
-            t.add_column(col, justify="left" if col in ("test", "kind", "status") else "right")
+                          + "\nδ top2 / δ any: smallest TV found with 80 % power, moving mass from the "
+                            "most probable token to the second / any shift; floor: numerics floor")
+        for col in ("test", "p", "TV̂", "95 % CI", "δ top2", "δ any", "floor", "status"):
+            t.add_column(col, justify="left" if col in ("test", "status") else "right", no_wrap=col != "status")
         fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
         for r in self.rows:
             status = {"reject": "[red]reject[/red]", "numerics": "[yellow]numerics[/yellow]"}.get(
                 r.status, r.status)
-            t.add_row(r.name, r.test, f"{r.statistic:.1f}", str(r.dof), f"{r.p_value:.3g}",
-                      f"{r.tv:.3f} [{r.tv_ci[0]:.3f}, {r.tv_ci[1]:.3f}]", fmt(r.detectable_top2),
-                      fmt(r.detectable_worst), fmt(r.floor), status + (f" {r.note}" if r.note else ""))
+            name = r.name.replace("position ", "pos ")
+            t.add_row(name, f"{r.p_value:.2g}", f"{r.tv:.3f}", f"{r.tv_ci[0]:.3f}–{r.tv_ci[1]:.3f}",
+                      fmt(r.detectable_top2), fmt(r.detectable_worst), fmt(r.floor),
+                      status + (f" {r.note}" if r.note else ""))
         return t
 
 

@@ -56,8 +56,11 @@ def audit(
     drafter: str = typer.Option("model", "--drafter", metavar="NAME", help="the drafter audited: "
                                 + "; ".join(f"{n}: {k.help}" for n, k in DRAFTERS.items())),
     k: int = typer.Option(3, "--k", min=1, help="draft length"),
-    n_samples: int = typer.Option(2000, "--n-samples", min=10, help="samples per implementation (N)"),
-    m: int = typer.Option(3, "--m", min=1, max=8, help="new tokens per sample"),
+    n_samples: Optional[int] = typer.Option(
+        None, "--n-samples", min=1, help="samples per implementation (N) [default: 2000; --endpoint: "
+                                         "completions per prompt, default 50]"),
+    m: Optional[int] = typer.Option(None, "--m", min=1, help="new tokens per sample [default: 3, at most 8 "
+                                    "per position; --endpoint: up to a few hundred, default 64]"),
     significance: Optional[float] = typer.Option(
         None, "--significance",
         help=f"family-wise significance level of the tests, Bonferroni-corrected over the m + 1 "
@@ -96,8 +99,36 @@ def audit(
     reference_endpoint: Optional[str] = typer.Option(
         None, "--reference-endpoint", help="--endpoint: compare with this server's samples "
                                            "(two-sample) instead of the exact p of --target"),
-    tolerance: float = typer.Option(0.05, "--tolerance", help="--endpoint: a pass needs every "
-                                    "position to detect this TV (mass moved top->2nd) with 80% power"),
+    tolerance: Optional[float] = typer.Option(
+        None, "--tolerance", help="--endpoint: the tolerance on the top-1 excess (observed rate of the "
+                                  "reference's most probable token minus its expected rate; with "
+                                  "--reference-endpoint the spec-on minus spec-off difference): pass "
+                                  "when its interval lies inside ±tolerance [default: 0.02]"),
+    position_tolerance: float = typer.Option(
+        0.05, "--position-tolerance", help="--endpoint --per-position: a pass needs every position "
+                                           "to detect this TV (mass moved top->2nd) with 80% power"),
+    per_position: bool = typer.Option(False, "--per-position", help="--endpoint: the older per-position "
+                                      "χ² audit (m <= 8, one observation per request and position)"),
+    prompts_file: Optional[str] = typer.Option(None, "--prompts", help="--endpoint: a prompt set "
+                                               "(Spec-Bench question.jsonl or one prompt per line)"),
+    per_category: int = typer.Option(2, "--per-category", min=0, help="--endpoint --prompts: rows per "
+                                     "category (0 = all)"),
+    probes: str = typer.Option("none", "--probes", help="--endpoint: stateful probes, comma-separated "
+                               "or 'all': cold-warm, shared-prefix, concurrency, context-limit, stream, "
+                               "controls, logprobs"),
+    report_dir: Optional[str] = typer.Option(None, "--report", help="--endpoint: write report.md, "
+                                             "audit.json, pit.png and positions.png into this folder"),
+    local_decides: bool = typer.Option(False, "--local-decides", help="--endpoint --reference-endpoint: "
+                                       "the local exact comparison decides too (only when the server "
+                                       "runs the reference's very weights and kernels)"),
+    context_length: Optional[int] = typer.Option(None, "--context-length", min=2, help="--endpoint: the "
+                                                 "server's context length for the context-limit probe"),
+    replay: bool = typer.Option(False, "--replay", help="--endpoint on verispec serve (k auto, coupled "
+                                "rule): replay up to 50 completions locally with their seeds; each token "
+                                "must equal the replay unless it is a near-tie"),
+    numerics_margin: float = typer.Option(0.5, "--numerics-margin", min=0.0, help="--endpoint: logits/T "
+                                          "within this of the argmax or of a top-k/top-p cut-off are "
+                                          "near-ties (numerics, counted, not a FAIL)"),
     concurrency: int = typer.Option(4, "--concurrency", help="--endpoint: requests in flight"),
     seed_check: bool = typer.Option(True, "--seed-check/--no-seed-check",
                                     help="--endpoint: check that seeds reproduce and vary samples"),
@@ -112,16 +143,43 @@ def audit(
 
         if exact:
             fail("--exact enumerates toy models in-process; drop it to audit --endpoint")
-        run_endpoint_audit(endpoint=endpoint, api_key=api_key, model=model, prompt=prompt,
-                           prompt_ids=prompt_ids, n_samples=n_samples, m=m, temperature=temperature,
-                           top_k=top_k, top_p=top_p,
-                           significance=_significance(significance, alpha_alias), tolerance=tolerance,
-                           out=out, reference_endpoint=reference_endpoint, target=target,
-                           backend=backend, concurrency=concurrency, seed_check=seed_check,
-                           as_json=as_json, threads=threads)
+        if per_position:
+            if tolerance is not None:
+                fail("--tolerance is the top-1-excess tolerance of the token-level audit; the "
+                     "--per-position audit's tolerance is a total variation: use --position-tolerance")
+            if m is not None and m > 8:
+                fail(f"--per-position tests every position's conditional law: --m must be <= 8, got {m}")
+            run_endpoint_audit(endpoint=endpoint, api_key=api_key, model=model, prompt=prompt,
+                               prompt_ids=prompt_ids, n_samples=n_samples or 2000, m=m or 3,
+                               temperature=temperature, top_k=top_k, top_p=top_p,
+                               significance=_significance(significance, alpha_alias),
+                               tolerance=position_tolerance, out=out,
+                               reference_endpoint=reference_endpoint, target=target, backend=backend,
+                               concurrency=concurrency, seed_check=seed_check, as_json=as_json,
+                               threads=threads)
+            return
+        from .audit_endpoint import run_token_audit_cli
+
+        controls = controls_from_options(min_p, repetition_penalty, presence_penalty, frequency_penalty,
+                                         logit_bias, 0)
+        if min_new_tokens or bad_word:
+            fail("--min-new-tokens and --bad-word are not sent to servers (no common request field); "
+                 "drop them for --endpoint")
+        run_token_audit_cli(endpoint=endpoint, api_key=api_key, model=model, prompt=prompt,
+                            prompt_ids=prompt_ids, prompts_file=prompts_file, per_category=per_category,
+                            n_samples=n_samples or 50, m=m or 64,
+                            sampling=sampling_or_fail(temperature, top_k, top_p, **controls),
+                            significance=_significance(significance, alpha_alias),
+                            tolerance=0.02 if tolerance is None else tolerance, out=out,
+                            reference_endpoint=reference_endpoint, target=target, backend=backend,
+                            concurrency=concurrency, probes=probes, report_dir=report_dir,
+                            local_decides=local_decides, context_length=context_length,
+                            margin=numerics_margin, as_json=as_json, seed_check=seed_check,
+                            replay=replay, threads=threads)
         return
     endpoint_only = {"--api-key": api_key, "--model": model, "--prompt-ids": prompt_ids, "--out": out,
-                     "--reference-endpoint": reference_endpoint}
+                     "--reference-endpoint": reference_endpoint, "--tolerance": tolerance,
+                     "--prompts": prompts_file, "--report": report_dir}
     given = [name for name, value in endpoint_only.items() if value is not None]
     if given:
         fail(f"{', '.join(given)} only apply with --endpoint URL (auditing a server)")
@@ -129,6 +187,12 @@ def audit(
     from ..policy import FixedPolicy
     from ..verify import RULES
 
+    n_samples = 2000 if n_samples is None else n_samples
+    m = 3 if m is None else m
+    if m > 8:
+        fail(f"--m must be <= 8 for the in-process audit (it tests every position's law), got {m}")
+    if n_samples < 10:
+        fail(f"--n-samples must be >= 10 for the in-process audit, got {n_samples}")
     controls = controls_from_options(min_p, repetition_penalty, presence_penalty, frequency_penalty,
                                      logit_bias, min_new_tokens)
     sampling = sampling_or_fail(temperature, top_k, top_p, **controls)

@@ -163,3 +163,135 @@ def run_endpoint_audit(*, endpoint: str, api_key: Optional[str], model: Optional
     if seeds is not None:
         console.print(f"seed check: same seed twice → {'same' if seeds.reproducible else 'DIFFERENT'} "
                       f"tokens; {seeds.tries} other seeds → {'vary' if seeds.varies else 'all the same'}")
+
+
+def _parse_probes(probes: str) -> list[str]:
+    from ..audit.probes import PROBES
+
+    text = probes.strip().lower()
+    if text in ("", "none"):
+        return []
+    if text == "all":
+        return list(PROBES)
+    names = list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [p for p in names if p not in PROBES]
+    if unknown:
+        fail(f"--probes: unknown {', '.join(unknown)}; choose from all, none, {', '.join(PROBES)}")
+    return names
+
+
+def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optional[str], prompt: str,
+                        prompt_ids: Optional[str], prompts_file: Optional[str], per_category: int,
+                        n_samples: int, m: int, sampling, significance: float, tolerance: float,
+                        out: Optional[str], reference_endpoint: Optional[str], target: Optional[str],
+                        backend: Optional[str], concurrency: int, probes: str, report_dir: Optional[str],
+                        local_decides: bool, context_length: Optional[int], margin: float, as_json: bool,
+                        seed_check: bool = True, replay: bool = False, threads: Optional[int] = None) -> None:
+    """The token-level `--endpoint` audit (every token counts; `verispec.audit.tokens`)."""
+    from .. import __version__
+    from ..audit.endpoint import Endpoint, EndpointError
+    from ..audit.render import text, write_report
+    from ..audit.tokens import run_token_audit
+    from ..text import decode_text
+
+    if target is None:
+        fail("--endpoint needs --target NAME: the local reference that scores every token (the "
+             "server's own weights; with --reference-endpoint it is only a scoring function)")
+    if not 0 < tolerance < 1:
+        fail(f"--tolerance is on the top-1 excess (a probability difference) and must be in (0, 1), "
+             f"e.g. 0.02; got {tolerance}")
+    if concurrency < 1:
+        fail(f"--concurrency must be >= 1, got {concurrency}")
+    names = _parse_probes(probes)
+    from ..api import load_model
+    from .common import default_backend
+
+    backend = backend or default_backend()
+    try:
+        with err.status(f"loading the reference {target} ({backend})"):
+            reference = load_model(target, backend=backend, n_threads=threads)
+    except Exception as e:  # noqa: BLE001 (registry, file and backend errors alike)
+        fail(f"--target {target}: {e}")
+    tok = reference.tokenizer
+    if prompt_ids is not None:
+        prompts = [parse_prompt_ids(prompt_ids)]
+    elif prompts_file is not None:
+        from ..prompts import PromptError, load_prompts
+        try:
+            rows = load_prompts(prompts_file, per_category=per_category)
+        except (FileNotFoundError, PromptError) as e:
+            fail(f"--prompts {prompts_file}: {e}")
+        if tok is None:
+            fail(f"--prompts needs a tokenizer, and {target} has none; pass --prompt-ids")
+        prompts = [list(tok.encode(r.text)) for r in rows]
+    else:
+        if not prompt.strip():
+            fail("--prompt is empty: give the text the audited samples continue (or --prompts FILE)")
+        if tok is None:
+            fail(f"{target} has no tokenizer; pass the prompt as --prompt-ids")
+        prompts = [list(tok.encode(prompt))]
+    prompts = [p for p in prompts if p]
+    if not prompts:
+        fail("every prompt tokenised to nothing; give non-empty prompts")
+    vocab = reference.vocab_size
+    bad = [t for p in prompts for t in p if not 0 <= t < vocab]
+    if bad:
+        fail(f"--prompt-ids holds id {bad[0]}, outside the reference's vocabulary 0..{vocab - 1}")
+    ep = Endpoint(endpoint, model or "", api_key=api_key)
+    ref_ep = None
+    try:
+        names_served = ep.models()
+        if model is None:
+            if len(names_served) != 1:
+                fail(f"--model is needed: {endpoint} serves {', '.join(names_served) or 'no model'}")
+            ep.model = model = names_served[0]
+        ep.check_model()
+        if reference_endpoint is not None:
+            ref_ep = Endpoint(reference_endpoint, model, api_key=api_key)
+            ref_ep.check_model()
+        err.print(f"audit: {endpoint} ({model}), {len(prompts)} prompt(s) × N = {n_samples} × m = {m}, "
+                  f"T = {sampling.temperature}, significance {significance} for the whole verdict, "
+                  f"tolerance ±{tolerance} on the top-1 excess"
+                  + (f", probes {', '.join(names)}" if names else ""))
+        replayer = None
+        if replay:
+            from ..api import SpeculativeDecoder
+            # the coupled rule's output is the plain seeded sample whatever k: no draft needed
+            replayer = {"decoder": SpeculativeDecoder(reference, None, drafter="none"), "k": 0, "rule": "gumbel",
+                        "limit": 50}    # 50 completions: a clean mismatch is a FAIL, one suffices
+        seeds = None
+        if seed_check and not sampling.greedy:
+            from ..audit.endpoint import EndpointSettings
+            from ..audit.endpoint import seed_check as check_seeds
+            seeds = check_seeds(ep, EndpointSettings(endpoint, model, tuple(prompts[0]), min(m, 16),
+                                                     sampling.temperature, sampling.top_k, sampling.top_p))
+        audit = run_token_audit(ep, reference, prompts, n_samples, m, sampling, significance=significance,
+                                tolerance=tolerance, reference_endpoint=ref_ep, local_decides=local_decides,
+                                probes=names, out=out, concurrency=concurrency, margin=margin,
+                                context_length=context_length,
+                                detokenize=(lambda ids: decode_text(tok, ids)) if tok is not None else None,
+                                progress=not as_json, replay=replayer)
+    except EndpointError as e:
+        hint = f" (what was collected is kept in {out}.p*.jsonl: rerun the same command to resume)" if out else ""
+        fail(f"{e}{hint}")
+    except ValueError as e:
+        fail(str(e))
+    if seeds is not None:
+        audit.info["seed_check"] = {"reproducible": seeds.reproducible, "varies": seeds.varies}
+        if not seeds.reproducible:
+            audit.info["seed_warning"] = ("the server ignores `seed` (one seed gave two different "
+                                          "completions): the samples are still independent draws, but "
+                                          "a rerun cannot reproduce them")
+        if not seeds.varies:
+            audit.info["warning"] = ("5 different seeds gave the same completion: the server ignores "
+                                     "`seed` and `temperature`, or p is nearly a point mass here")
+    audit.info.update(command="verispec audit --endpoint", verispec=__version__,
+                      machine=f"{platform.machine()} {platform.node()}", python=platform.python_version(),
+                      target=target, backend=backend)
+    if report_dir is not None:
+        for path in write_report(audit, report_dir):
+            err.print(f"wrote {path}")
+    if as_json:
+        print(json.dumps(audit.to_dict(), default=str))
+        return
+    print(text(audit))

@@ -1,0 +1,108 @@
+"""The bug zoo: every faulty toy server FAILs the token-level audit, every exact one passes.
+
+Each server is `verispec.audit.zoo.zoo_app(fault)` on 127.0.0.1 (real HTTP, uvicorn),
+audited by `run_token_audit` against the zoo's exact local reference with all probes.
+
+Budgets (stated, asserted as verdicts only): 2 prompts × N = 60 completions × m = 48
+tokens = 5,760 sampled tokens at T = 0.7 per server, plus the 7 probes (~25 requests of
+<= 64 tokens); 5–10 s per server on the shared 2-core machine. Why enough: the top-1
+excess's standard error is sqrt(Σ p(1−p))/n ≈ 0.45/sqrt(5760) ≈ 0.006, so its interval
+at 1 − 0.01/3 is about ±0.018, inside the 0.05 tolerance for an exact server. The
+weakest statistical fault, the bonus drawn from q (only after k = 3 acceptances, ~10 %
+of rounds), moves the log-likelihood excess by about −0.06 to −0.10 nats/token
+(z ≈ 4.5–7 at n = 5,760, Holm's threshold is z ≈ 2.9; at 2,560 tokens it was borderline,
+z ≈ 3.1); the residual replaced by p moves it by −0.12 (z ≈ 9). Measured by
+reruns of this audit with 3 seeds per fault (all FAIL). The state and plumbing
+faults are caught deterministically by their probe, with only 2 × 4 × 16 sampled tokens
+beside it (penalties skipped: 8/8 runs of the
+controls probe at presence 2, frequency 1, repetition 1.3; 3/8 at half those). The false-alarm rate of
+the same audit is measured by ``benchmarks/audit/zoo_false_alarms.py`` (not a test).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec.audit.endpoint import Endpoint
+from verispec.audit.tokens import run_token_audit
+from verispec.audit.zoo import EXACT, FAULTS, detokenize, zoo_app, zoo_reference
+from verispec.sampling import SamplingConfig
+from verispec.serve import BackgroundServer
+
+PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7, 6]]
+N, M, T = 60, 48, 0.7
+SIGNIFICANCE, TOLERANCE = 0.01, 0.05
+ALL_PROBES = ("cold-warm", "shared-prefix", "concurrency", "context-limit", "stream", "controls", "logprobs")
+
+#: which check must catch each fault (the audit as a whole must FAIL; this says where)
+CAUGHT_BY = {
+    "residual-is-p": "statistics", "bonus-from-q": "statistics", "warp-mismatch": "statistics",
+    "argmax-spec": "statistics", "naive-agree": "statistics", "no-rollback": "statistics",
+    "prefix-poison": "statistics", "penalties-skipped": "controls", "slot-order": "concurrency",
+    "logprob-zero": "logprobs", "stream-drops-bytes": "stream",
+}
+
+
+def audit(fault: str, probes=ALL_PROBES, n: int = N, m: int = M, **kw):
+    with BackgroundServer(zoo_app(fault)) as url:
+        ep = Endpoint(url + "/v1", "zoo")
+        try:
+            return run_token_audit(ep, zoo_reference(), PROMPTS, n, m, SamplingConfig(temperature=T),
+                                   significance=SIGNIFICANCE, tolerance=TOLERANCE, probes=probes,
+                                   detokenize=detokenize, concurrency=4, **kw)
+        finally:
+            ep.close()
+
+
+def test_the_zoo_holds_at_least_twelve_servers_with_the_exact_variants():
+    assert len(FAULTS) + len(EXACT) >= 12
+    assert set(CAUGHT_BY) == set(FAULTS)
+
+
+@pytest.mark.parametrize("fault", EXACT)
+def test_exact_servers_pass(fault):
+    report = audit(fault)
+    assert report.verdict == "pass", report.reasons
+    assert all(p.status == "pass" for p in report.probes), [(p.name, p.detail) for p in report.probes]
+    assert report.impossible == 0
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_every_faulty_server_fails(fault):
+    where = CAUGHT_BY[fault]
+    # a fault its probe catches needs no statistical budget: N = 4 × m = 16 sampled tokens
+    report = audit(fault) if where == "statistics" else audit(fault, n=4, m=16)
+    assert report.verdict == "FAIL", (fault, report.reasons)
+    if where == "any":
+        return
+    if where == "statistics":
+        assert any(not r.startswith("probe ") for r in report.reasons), report.reasons
+    else:
+        assert any(r.startswith(f"probe {where}:") for r in report.reasons), report.reasons
+
+
+def test_a_greedy_audit_classifies_divergences_and_fails_a_stale_cache():
+    with BackgroundServer(zoo_app("no-rollback")) as bad, BackgroundServer(zoo_app("exact")) as good:
+        reports = [run_token_audit(Endpoint(u + "/v1", "zoo"), zoo_reference(), PROMPTS, 3, M,
+                                   SamplingConfig(temperature=0.0), significance=SIGNIFICANCE,
+                                   tolerance=TOLERANCE) for u in (bad, good)]
+    bugs = [g for g in reports[0].greedy if g["kind"] == "bug"]
+    assert reports[0].verdict == "FAIL" and bugs and bugs[0]["margin"] > 0.5
+    assert bugs[0]["token"] != bugs[0]["argmax"] and "reference's argmax is" in reports[0].reasons[0]
+    assert reports[1].verdict == "pass" and not reports[1].greedy
+
+
+def test_spec_on_vs_spec_off_decides_with_a_reference_endpoint():
+    """The reference endpoint (an exact server, disjoint seeds) decides; a biased one FAILs
+    the two-sample comparison even when the local comparison is only reported beside."""
+    with BackgroundServer(zoo_app("exact-point-mass")) as off, BackgroundServer(zoo_app("exact")) as on, \
+            BackgroundServer(zoo_app("naive-agree")) as bad:
+        kw = dict(significance=SIGNIFICANCE, tolerance=TOLERANCE)
+        ref = Endpoint(off + "/v1", "zoo")
+        good = run_token_audit(Endpoint(on + "/v1", "zoo"), zoo_reference(), PROMPTS, N, M,
+                               SamplingConfig(temperature=T), reference_endpoint=ref, **kw)
+        biased = run_token_audit(Endpoint(bad + "/v1", "zoo"), zoo_reference(), PROMPTS, N, M,
+                                 SamplingConfig(temperature=T), reference_endpoint=ref, **kw)
+    assert good.verdict in ("pass", "inconclusive"), good.reasons
+    assert [e.role for e in good.decisive] == ["tolerance", "significance"] and len(good.beside) == 3
+    assert biased.verdict == "FAIL", biased.reasons

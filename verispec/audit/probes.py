@@ -1,0 +1,261 @@
+"""Stateful probes: the bugs a cold, one-request-at-a-time sampler never sees.
+
+Servers break losslessness in state and plumbing more often than in the acceptance
+arithmetic: caches written over rejected drafts and reused by a later request sharing
+the prefix, caches not rolled back, output that depends on the batch slot, penalties
+skipped at draft positions, logprob 0 for drafted tokens, streams that drop bytes.
+Each probe is a small deterministic check, greedy unless stated, against the local
+reference scored by teacher forcing (`verispec.audit.scoring`): a greedy token that
+is not the reference's argmax is a bug unless its top-2 margin is within the numerics
+floor (then "numerics", counted, not a FAIL), and two requests that must agree must
+agree token for token.
+
+| probe | requests | FAILs when |
+|---|---|---|
+| ``cold-warm`` | a fresh prompt twice | either is not the argmax path, or they differ |
+| ``shared-prefix`` | P+a, P+b, P+a again | any is not the argmax path, or the two P+a differ |
+| ``concurrency`` | 4 prompts solo, then staggered together | a concurrent output differs from its solo one |
+| ``context-limit`` | prompt + m = the context length | not the argmax path (skipped: limit unknown) |
+| ``stream`` | the same request streamed and not | ids or text differ, or text ≠ detokenised ids |
+| ``controls`` | penalties and a logit bias on | not the argmax path of the controlled p |
+| ``logprobs`` | T = 1, logprobs on | a returned logprob is off the reference's by > tol |
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..models.base import CausalLM
+from ..sampling import SamplingConfig
+from .endpoint import Endpoint, EndpointError
+from .scoring import NEAR_TIE_MARGIN, score_completion
+
+__all__ = ["PROBES", "ProbeContext", "ProbeResult", "run_probes"]
+
+PROBES = ("cold-warm", "shared-prefix", "concurrency", "context-limit", "stream", "controls", "logprobs")
+
+#: the controls probe's request fields
+#: (strong, so that a penalty skipped at a draft position changes some argmax within 2m tokens)
+CONTROLS = (("presence_penalty", 2.0), ("frequency_penalty", 1.0), ("repetition_penalty", 1.3))
+
+
+@dataclass
+class ProbeResult:
+    name: str
+    status: str          # pass | FAIL | skipped
+    detail: str
+    requests: int = 0
+    numerics: int = 0    # greedy near-ties seen (not failures)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ProbeContext:
+    """What the probes need: the audited endpoint, the local reference, the audit's
+    prompts (ids), tokens per request, the near-tie margin, and optionally a
+    detokeniser (ids -> text) and the context length (else read from /v1/models)."""
+
+    endpoint: Endpoint
+    reference: CausalLM
+    prompts: list[list[int]]
+    m: int = 16
+    margin: float = NEAR_TIE_MARGIN
+    detokenize: Callable[[Sequence[int]], str] | None = None
+    context_length: int | None = None
+    seed: int = 0
+
+
+class _Probe:
+    def __init__(self, ctx: ProbeContext, name: str) -> None:
+        self.ctx, self.name, self.requests, self.numerics = ctx, name, 0, 0
+
+    def ask(self, prompt, m=None, temperature=0.0, controls=(), logprobs=None, seed=None):
+        self.requests += 1
+        return self.ctx.endpoint.complete(list(prompt), m or self.ctx.m, temperature, 0, 1.0, seed,
+                                          tuple(controls), logprobs)
+
+    def argmax_path(self, prompt, ids, controls=()) -> str | None:
+        """None when every token is the reference's argmax (or a near-tie), else the first bug."""
+        if not ids:
+            return "the server returned no tokens"
+        cfg = SamplingConfig(temperature=0.0, **{k: (v if k != "logit_bias" else dict(v)) for k, v in controls})
+        s = score_completion(self.ctx.reference, prompt, ids, cfg, margin=self.ctx.margin)
+        for t in np.flatnonzero(~s.top1):
+            if s.margin[t] <= self.ctx.margin:
+                self.numerics += 1
+                continue
+            return (f"position {t + 1}: token {int(s.tokens[t])}, reference argmax {int(s.argmax[t])} "
+                    f"(margin {s.margin[t]:.3g} > {self.ctx.margin:g})")
+        return None
+
+    def result(self, problems: list[str], ok: str) -> ProbeResult:
+        return ProbeResult(self.name, "FAIL" if problems else "pass", "; ".join(problems) if problems else ok,
+                           self.requests, self.numerics)
+
+
+def _fresh(ctx: ProbeContext, base: Sequence[int], salt: int) -> list[int]:
+    """`base` plus a suffix of its own tokens in an order unlikely to be cached."""
+    rng = np.random.default_rng([ctx.seed, salt, time.time_ns() % (1 << 32)])
+    return list(base) + [int(t) for t in rng.choice(np.asarray(base), size=min(6, len(base)))]
+
+
+def _cold_warm(ctx: ProbeContext) -> ProbeResult:
+    pr = _Probe(ctx, "cold-warm")
+    prompt = _fresh(ctx, ctx.prompts[0], 1)
+    cold, warm = pr.ask(prompt).token_ids, pr.ask(prompt).token_ids
+    problems = [f"{w}: {b}" for w, ids in (("cold", cold), ("warm", warm))
+                if (b := pr.argmax_path(prompt, ids))]
+    if cold != warm:
+        problems.append(f"warm output differs from cold at position "
+                        f"{next(i for i, (a, b) in enumerate(zip(cold + [-1], warm + [-2])) if a != b) + 1}")
+    return pr.result(problems, "cold and warm equal, argmax path")
+
+
+def _shared_prefix(ctx: ProbeContext) -> ProbeResult:
+    pr = _Probe(ctx, "shared-prefix")
+    base = _fresh(ctx, ctx.prompts[0], 2)
+    a, b = base + [base[0]], base + [base[-1]]
+    first, other, again = pr.ask(a).token_ids, pr.ask(b).token_ids, pr.ask(a).token_ids
+    problems = [f"{w}: {x}" for w, p, ids in (("P+a", a, first), ("P+b", b, other), ("P+a again", a, again))
+                if (x := pr.argmax_path(p, ids))]
+    if first != again:
+        problems.append("P+a differs after P+b shared its prefix")
+    return pr.result(problems, "3 requests sharing a prefix, argmax paths")
+
+
+def _concurrency(ctx: ProbeContext) -> ProbeResult:
+    pr = _Probe(ctx, "concurrency")
+    prompts = [_fresh(ctx, ctx.prompts[i % len(ctx.prompts)], 10 + i) for i in range(4)]
+    solo = [pr.ask(p, m=2 * ctx.m).token_ids for p in prompts]
+    together: list = [None] * 4
+
+    def go(i: int) -> None:
+        time.sleep(0.01 * i)            # staggered arrivals
+        try:
+            together[i] = pr.ask(prompts[i], m=2 * ctx.m).token_ids
+        except EndpointError as e:
+            together[i] = str(e)
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    problems = [f"request {i + 1} under concurrency differs from its solo run" for i in range(4)
+                if together[i] != solo[i]]
+    problems += [f"solo {i + 1}: {x}" for i in range(4) if (x := pr.argmax_path(prompts[i], solo[i]))]
+    return pr.result(problems, "4 staggered concurrent requests equal their solo runs")
+
+
+def _context_limit(ctx: ProbeContext) -> ProbeResult:
+    pr = _Probe(ctx, "context-limit")
+    limit = ctx.context_length
+    if limit is None:
+        try:
+            data = ctx.endpoint._json(ctx.endpoint._request("GET", ctx.endpoint.v1 + "/models"), "models")
+            limit = next((int(d["max_model_len"]) for d in data.get("data", [])
+                          if d.get("id") == ctx.endpoint.model and d.get("max_model_len")), None)
+        except (EndpointError, ValueError, TypeError):
+            limit = None
+    if not limit:
+        return ProbeResult("context-limit", "skipped", "context length unknown (pass --context-length)")
+    base = ctx.prompts[0]
+    prompt = (list(base) * (limit // len(base) + 1))[:limit - ctx.m]
+    try:
+        ids = pr.ask(prompt).token_ids
+    except EndpointError as e:
+        return pr.result([f"a request of exactly the context length ({limit}) was refused: {e}"], "")
+    bug = pr.argmax_path(prompt, ids)
+    return pr.result([bug] if bug else [], f"prompt {len(prompt)} + {ctx.m} = {limit} tokens, argmax path")
+
+
+def _stream(ctx: ProbeContext) -> ProbeResult:
+    pr = _Probe(ctx, "stream")
+    prompt = _fresh(ctx, ctx.prompts[0], 3)
+    plain = pr.ask(prompt)
+    ep = ctx.endpoint
+    body = ep._body(prompt, ctx.m, 0.0, 0, 1.0, None)
+    body["stream"] = True
+    text, ids = [], []
+    pr.requests += 1
+    with ep.http.stream("POST", ep.v1 + "/completions", json=body) as r:
+        if r.status_code != 200:
+            return ProbeResult("stream", "skipped", f"streaming refused: HTTP {r.status_code}", pr.requests)
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                continue
+            choice = (json.loads(line[6:]).get("choices") or [{}])[0]
+            text.append(choice.get("text") or "")
+            ids += choice.get("token_ids") or []
+    streamed = "".join(text)
+    problems = []
+    if streamed != plain.text:
+        problems.append(f"streamed text {streamed!r} ≠ non-streamed {plain.text!r}")
+    if ids and ids != plain.token_ids:
+        problems.append("streamed token ids differ from non-streamed")
+    if ctx.detokenize is not None and ctx.detokenize(plain.token_ids) != plain.text:
+        problems.append("text ≠ detokenised ids")
+    return pr.result(problems, "streamed = non-streamed" + (" = detokenised ids" if ctx.detokenize else ""))
+
+
+def _controls(ctx: ProbeContext) -> ProbeResult:
+    pr = _Probe(ctx, "controls")
+    problems = []
+    for j, base in enumerate(ctx.prompts[:2]):
+        prompt = _fresh(ctx, base, 4 + j)
+        controls = CONTROLS + (("logit_bias", ((int(prompt[-1]), 2.0),)),)
+        ids = pr.ask(prompt, m=2 * ctx.m, controls=controls).token_ids
+        if bug := pr.argmax_path(prompt, ids, controls):
+            problems.append(f"prompt {j + 1}: {bug}")
+    return pr.result(problems, "penalties + logit bias: argmax path of the controlled p")
+
+
+def _logprobs(ctx: ProbeContext, tol: float = 0.05) -> ProbeResult:
+    pr = _Probe(ctx, "logprobs")
+    worst, seen = 0.0, 0
+    problems = []
+    for i in range(4):
+        prompt = ctx.prompts[i % len(ctx.prompts)]
+        s = pr.ask(prompt, m=ctx.m, temperature=1.0, logprobs=1, seed=ctx.seed + 7_000_000 + i)
+        if not s.logprobs:
+            return ProbeResult("logprobs", "skipped", "the server returns no logprobs", pr.requests)
+        ref = score_completion(ctx.reference, prompt, s.token_ids, SamplingConfig(temperature=1.0))
+        diff = np.abs(np.asarray(s.logprobs[:ref.m]) - ref.logp[:len(s.logprobs)])
+        seen += len(diff)
+        if len(diff) and float(np.nanmax(diff)) > worst:
+            worst = float(np.nanmax(diff))
+            t = int(np.nanargmax(diff))
+            if worst > tol:
+                problems = [f"position {t + 1}: logprob {s.logprobs[t]:.3f}, reference {ref.logp[t]:.3f} "
+                            f"(|Δ| {worst:.3f} > {tol})"]
+    return pr.result(problems, f"{seen} logprobs within {tol} of the reference (max |Δ| {worst:.2g})")
+
+
+_RUN = {"cold-warm": _cold_warm, "shared-prefix": _shared_prefix, "concurrency": _concurrency,
+        "context-limit": _context_limit, "stream": _stream, "controls": _controls, "logprobs": _logprobs}
+
+
+def run_probes(ctx: ProbeContext, names: Sequence[str] = PROBES) -> list[ProbeResult]:
+    """Run the named probes in order (module doc); an `EndpointError` in one probe makes
+    that probe FAIL with the message (the others still run).
+
+    Raises:
+        ValueError: naming an unknown probe.
+    """
+    unknown = [n for n in names if n not in _RUN]
+    if unknown:
+        raise ValueError(f"unknown probe(s) {', '.join(unknown)}; choose from {', '.join(PROBES)}")
+    out = []
+    for n in names:
+        try:
+            out.append(_RUN[n](ctx))
+        except EndpointError as e:
+            out.append(ProbeResult(n, "FAIL", f"the server failed the probe's request: {e}"))
+    return out

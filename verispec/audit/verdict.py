@@ -1,0 +1,163 @@
+"""The verdict of an endpoint audit: pass, FAIL or inconclusive, and its error rate as a whole.
+
+Inputs: the deciding statistics (`verispec.audit.tokenstats.Effect`s: the token
+statistics against the exact local reference, or the spec-on vs spec-off comparison
+of `verispec.audit.twosample`), the tokens outside the reference's support, the
+greedy divergences, and the probes (`verispec.audit.probes`).
+
+Rules (significance a, tolerance τ on the effect whose role is "tolerance" — the
+top-1 excess, or its spec-on minus spec-off difference):
+
+* **FAIL** when any of
+  - a token has reference probability 0 and is not a near-tie at the support's cut-off
+    (an exact sampler cannot produce it; near-ties are counted as numerics);
+  - a greedy position's token is not the reference's argmax and its top-2 margin
+    exceeds the numerics floor (shown with prompt, position and both tokens);
+  - a probe fails (they are deterministic checks: equal outputs, argmax, logprobs);
+  - a statistical hypothesis is rejected by Holm's step-down procedure (Holm 1979,
+    Scand. J. Statist. 6:65–70) over the F deciding statistics at family-wise level a:
+    for the tolerance statistic H0 is |effect| <= τ (one-sided p-value at the
+    boundary), for the others (PIT omnibus, log-likelihood excess, the permutation
+    omnibus) H0 is "no effect". The PIT omnibus always takes part, so a fault that
+    keeps the top-1 rate but moves mass among other tokens cannot pass.
+* **pass** when nothing fails and the tolerance statistic's interval at confidence
+  1 − a/F (Bonferroni) lies inside ±τ.
+* **inconclusive** otherwise, with the number of tokens that would settle it.
+
+Error rate of the verdict as a whole: for an exact server scored by its true law
+(or spec-on vs an exact spec-off arm), P(FAIL) <= a — Holm controls the family-wise
+error over all F statistical hypotheses, and the deterministic checks cannot fire
+for an exact server (a near-tie within the numerics floor is not a FAIL). For a
+server whose |effect| > τ, P(pass) <= a/F. The probes and references of one run are in
+the same family: F counts every statistic that decides (the local comparison, when it
+is only reported beside the two-sample one, is not in F).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .tokenstats import Effect, tokens_needed
+
+__all__ = ["Verdict", "decide", "greedy_divergences", "holm", "impossible_tokens"]
+
+
+@dataclass
+class Verdict:
+    verdict: str
+    reasons: list[str]
+    tokens_needed: int | None = None
+    family: int = 0
+    error_rate: str = ""
+    rejected: list[str] = field(default_factory=list)
+
+
+def holm(p_values: Sequence[float], level: float) -> list[bool]:
+    """Holm's step-down rejections at family-wise `level` (in input order)."""
+    order = np.argsort(p_values, kind="stable")
+    f = len(p_values)
+    out = [False] * f
+    for rank, i in enumerate(order):
+        if p_values[i] <= level / (f - rank):
+            out[i] = True
+        else:
+            break
+    return out
+
+
+def fail_p_value(e: Effect, tolerance: float) -> float:
+    """p-value of the FAIL hypothesis test of one deciding statistic (module doc)."""
+    if e.role != "tolerance":
+        return e.p_value
+    from scipy.stats import norm
+    if e.se <= 0 or not math.isfinite(e.se):
+        return 1.0 if abs(e.estimate) <= tolerance else 0.0
+    return float(norm.sf((abs(e.estimate) - tolerance) / e.se))
+
+
+def greedy_divergences(tokens: dict[str, np.ndarray], margin: float) -> list[dict]:
+    """Every greedy position (reference p a point mass) whose token is not the argmax,
+    classified "numerics" (top logit − its logit <= `margin`) or "bug"."""
+    if not tokens:
+        return []
+    sel = np.flatnonzero((tokens["pmax"] >= 1.0) & ~tokens["top1"])
+    return [{"prompt": int(tokens["prompt"][i]), "completion": int(tokens["completion"][i]),
+             "position": int(tokens["position"][i]), "token": int(tokens["tokens"][i]),
+             "argmax": int(tokens["argmax"][i]), "margin": float(tokens["margin"][i]),
+             "kind": "numerics" if tokens["margin"][i] <= margin else "bug"} for i in sel]
+
+
+def impossible_tokens(tokens: dict[str, np.ndarray]) -> tuple[int, int, list[dict]]:
+    """(impossible, near-tie) counts of sampled tokens outside the reference's support,
+    and up to 5 impossible examples (prompt, completion, position, token)."""
+    if not tokens:
+        return 0, 0, []
+    sampled = tokens["pmax"] < 1.0
+    bad = tokens["outside"] & ~tokens["near_tie"] & sampled
+    near = tokens["outside"] & tokens["near_tie"] & sampled
+    ex = [{"prompt": int(tokens["prompt"][i]), "completion": int(tokens["completion"][i]),
+           "position": int(tokens["position"][i]), "token": int(tokens["tokens"][i])}
+          for i in np.flatnonzero(bad)[:5]]
+    return int(bad.sum()), int(near.sum()), ex
+
+
+def decide(decisive: Sequence[Effect], significance: float, tolerance: float, *, impossible: int = 0,
+           impossible_examples: Sequence[dict] = (), greedy: Sequence[dict] = (),
+           probes: Sequence = ()) -> Verdict:
+    """The verdict (module doc). `decisive` must have been computed at level significance / F
+    (F = len(decisive)); `probes` are `ProbeResult`s (status "FAIL" fails the verdict).
+
+    Raises:
+        ValueError: naming `significance` or `tolerance` when out of range.
+    """
+    if not 0 < significance < 1:
+        raise ValueError(f"significance must be in (0, 1), got {significance!r}")
+    if not 0 < tolerance < 1:
+        raise ValueError(f"tolerance must be in (0, 1), got {tolerance!r}")
+    f = len(decisive)
+    err = (f"P(FAIL | exact server) <= {significance:g} (Holm over {f} statistics; the deterministic "
+           f"checks cannot fire on an exact server); P(pass | |effect| > {tolerance:g}) <= "
+           f"{significance / max(f, 1):.2g}")
+    reasons, rejected = [], []
+    if impossible:
+        where = ", ".join(f"prompt {e['prompt']} completion {e['completion']} position {e['position']} "
+                          f"token {e['token']}" for e in impossible_examples[:3])
+        reasons.append(f"{impossible} token(s) the reference gives probability 0, not near its "
+                       f"cut-off (impossible for an exact sampler): {where}")
+    bugs = [g for g in greedy if g["kind"] == "bug"]
+    if bugs:
+        g = bugs[0]
+        reasons.append(f"{len(bugs)} greedy divergence(s) beyond the numerics floor, e.g. prompt "
+                       f"{g['prompt']} completion {g['completion']} position {g['position']}: token "
+                       f"{g['token']} where the reference's argmax is {g['argmax']}, top-2 margin "
+                       f"{g['margin']:.3g}")
+    for pr in probes:
+        if getattr(pr, "status", "") == "FAIL":
+            reasons.append(f"probe {pr.name}: {pr.detail}")
+    if f:
+        rej = holm([fail_p_value(e, tolerance) for e in decisive], significance)
+        for e, r in zip(decisive, rej):
+            if r:
+                rejected.append(e.name)
+                reasons.append(f"{e.name} {e.estimate:+.4g} {e.unit} [{e.ci[0]:+.4g}, {e.ci[1]:+.4g}]"
+                               + (f" outside ±{tolerance:g}" if e.role == "tolerance"
+                                  else f", p = {e.p_value:.2g}") + " (Holm)")
+    if reasons:
+        return Verdict("FAIL", reasons, None, f, err, rejected)
+    tol = [e for e in decisive if e.role == "tolerance"]
+    if tol and all(-tolerance < e.ci[0] and e.ci[1] < tolerance for e in tol):
+        return Verdict("pass", [f"{e.name} {e.estimate:+.4f} [{e.ci[0]:+.4f}, {e.ci[1]:+.4f}] inside "
+                                f"±{tolerance:g}; no statistic rejects" for e in tol], None, f, err)
+    need = [tokens_needed(e, tolerance) for e in tol]
+    need = [n for n in need if n is not None]
+    n_now = max((e.n for e in tol), default=0)
+    why = [f"{e.name} {e.estimate:+.4f} [{e.ci[0]:+.4f}, {e.ci[1]:+.4f}] straddles ±{tolerance:g}"
+           for e in tol] or ["no sampled tokens to test"]
+    unit = "completions" if any(e.name.startswith("Δ") for e in tol) else "tokens"
+    if need:
+        why.append(f"about {max(need):,} {unit} would settle it (now {n_now:,})")
+    return Verdict("inconclusive", why, max(need) if need else None, f, err)
