@@ -29,7 +29,7 @@ import httpx
 # the audit's default prompt ("Repeat after me: red, green, blue, ...") in SmolLM2's ids
 # (verispec's tokenizer, no special tokens); written here so that probes need no tokenizer
 GRID = [  # (temperature, top_k, top_p, n)
-    (1.0, 0, 1.0, 60), (0.5, 0, 1.0, 60), (1.0, 5, 1.0, 60), (1.0, 0, 0.9, 60), (0.0, 0, 1.0, 8),
+    (1.0, 0, 1.0, 40), (0.5, 0, 1.0, 40), (1.0, 5, 1.0, 40), (1.0, 0, 0.9, 40), (0.0, 0, 1.0, 8),
 ]
 GREEDY_PROMPTS = ["def fibonacci(n):", "The capital of France is",
                   "Repeat after me: red, green, blue, red, green, blue, red, green"]
@@ -85,8 +85,9 @@ def main(url: str, model: str, outdir: str, prompt_ids: list[int]) -> None:
     greedy = []
     for p in GREEDY_PROMPTS:
         res = complete({"prompt": p, "max_tokens": 24, "temperature": 0.0, "return_token_ids": True})
-        greedy.append({"prompt": p, "token_ids": res["body"]["choices"][0]["token_ids"],
-                       "text": res["body"]["choices"][0]["text"]})
+        ch = res["body"]["choices"][0]
+        greedy.append({"prompt": p, "prompt_token_ids": ch.get("prompt_token_ids"),
+                       "token_ids": ch["token_ids"], "text": ch["text"]})
     (out / "greedy.json").write_text(json.dumps(greedy, indent=1))
 
     same = [complete({"prompt": prompt_ids, "max_tokens": 8, "temperature": 1.0, "seed": 7,
