@@ -44,9 +44,9 @@ export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
 export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-0-1}
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}
 preload=""
-tc=$(ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 |libtcmalloc\.so\.4 /{print $NF; exit}')
+tc=$( (ldconfig -p 2>/dev/null || true) | awk '/libtcmalloc_minimal\.so\.4 |libtcmalloc\.so\.4 /{print $NF}' | head -1 || true)
 [[ -n "$tc" ]] && preload="$tc"
-iomp=$(find "$VLLM_VENV/lib" -name 'libiomp5.so' 2>/dev/null | head -1)
+iomp=$(find "$VLLM_VENV/lib" -name 'libiomp5.so' 2>/dev/null | head -1 || true)
 [[ -n "$iomp" ]] && preload="${preload:+$preload:}$iomp"
 [[ -n "$preload" ]] && export LD_PRELOAD="$preload${LD_PRELOAD:+:$LD_PRELOAD}"
 # the server sees no PYTHONPATH of the caller's (verispec's checkout), only the patch when asked
@@ -57,7 +57,7 @@ fi
 
 args=(-m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --served-model-name "$NAME"
       --host 127.0.0.1 --port "$PORT" --dtype float32 --enforce-eager --max-model-len 2048
-      --seed 0 --disable-log-requests)
+      --seed 0)
 [[ -n "$spec" ]] && args+=(--speculative-config "$spec")
 # shellcheck disable=SC2206
 [[ -n "${VLLM_EXTRA:-}" ]] && args+=($VLLM_EXTRA)
