@@ -41,7 +41,7 @@ class VerifierIgnoresTemperature(SpeculativeDecoder):
     temperature the request asked for; the draft samples at the asked temperature."""
 
     def generate(self, prompt, **kw):
-        t = kw.get("temperature", 0.0)
+        t = kw["sampling"].temperature if kw.get("sampling") else kw.get("temperature", 0.0)
         target, raw = self.target, self.target.sync
         target.sync = lambda context, keep=None: raw(context, keep) * (t if t > 0 else 1.0)
         try:

@@ -368,6 +368,11 @@ def test_fit_recovers_a_known_stack_from_curves_it_generated():
         assert forward_time(big, hw, fitted, n, 200).total_s == pytest.approx(
             forward_time(big, hw, truth, n, 200).total_s, rel=0.02)
     assert "RMS log error" in fitted.source
+    assert fitted.sigma_log_time < 0.02 and fitted.sigma_log_ratio < 0.02     # exact curves: no scatter left
+    # a curve with a 20 % bump at one n leaves scatter for the intervals to widen with
+    bumped = [(shape, [t * (1.2 if n == 6 else 1.0) for n, t in enumerate(times, 1)]) for shape, times in curves]
+    noisy = fit_stack(bumped, hw, context=200, params=LOCAL_PARAMS)
+    assert 0.03 < noisy.sigma_log_ratio < 0.2 and noisy.sigma_log_time > 0.02
     with pytest.raises(ValueError, match="params must be"):
         fit_stack(curves, hw, context=200, params=("warp",))
 
@@ -385,3 +390,13 @@ def test_calibrate_fits_a_stack_to_a_real_models_curve():
     assert "fitted to smollm2-135m" in stack.source
     p = plan("qwen2.5-1.5b", "qwen2.5-0.5b", hw, alpha=0.7, stack=stack, dtype="float32", k_max=3)
     assert p.stack is stack and len(p.target_times) == 4
+
+
+def test_calibrate_clock_is_checked_before_any_model_loads():
+    from verispec.plan.fit import calibrate
+
+    hw = Hardware("cpu", bandwidth=20e9, flops=200e9)
+    with pytest.raises(ValueError, match="--calibrate-clock thread needs --backend llamacpp"):
+        calibrate(["smollm2-135m"], "transformers", hw, clock="thread")
+    with pytest.raises(ValueError, match="--calibrate-clock must be wall or thread"):
+        calibrate(["smollm2-135m"], "llamacpp", hw, clock="sundial")

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verispec.simulate import simulate_rounds
 from verispec.theory import (
     CostCurve,
     alpha,
@@ -17,7 +18,7 @@ from verispec.theory import (
     fit_linear,
     optimal_k_constant,
     optimal_k_cost_curve,
-    simulate_rounds,
+
     speedup_constant_cost,
     speedup_cost_curve,
 )

@@ -11,16 +11,23 @@ Keyword names follow Hugging Face `generate()`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .decoding import DecodeResult, Stats, decode
-from .drafters import SuffixCache, build_drafters, check_drafter_choice
-from .models import backend_class, check_backend
+from .drafters import (Drafter, SuffixCache, build_drafters, check_drafter_choice, drafter_choices,
+                       drafter_names)
+from .encoding import encode
+from .models import BACKENDS, backend_class, check_options
 from .models.base import CausalLM
 from .policy import make_policy
+from .policy.adaptive import check_k_max
 from .sampling import SamplingConfig, SeededRandomness
 from .text import TextStream, check_stop_strings
 from .verify import RULES, Rule, gumbel, standard
+
+
+#: `generate`'s sampling keywords at their defaults (the `sampling=` argument replaces them).
+_SAMPLING_DEFAULTS = (0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, None, None, 0)
 
 
 class TokenizerMismatchError(ValueError):
@@ -35,7 +42,8 @@ def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: s
     Args:
         spec: e.g. "qwen2.5-coder-1.5b" (see `verispec models list`), "./my-model",
             "model.gguf", "Qwen/Qwen2.5-Coder-1.5B-Instruct"; a `CausalLM` is returned as is.
-        backend: "transformers" or "llamacpp" (needs `pip install verispec[llamacpp]`).
+        backend: a name in `verispec.models.BACKENDS`: "transformers" or "llamacpp" (needs
+            `pip install verispec[llamacpp]`); the backend's class loads the model.
         device: "cpu" or "cuda" (transformers only); default: CUDA when available.
         num_hidden_layers: keep only the first N layers (a cheap self-draft; transformers only).
         fetch_missing: download a registered model that is not in the cache yet.
@@ -48,34 +56,20 @@ def load_model(spec: str | CausalLM, *, backend: str = "transformers", device: s
 
     Raises:
         UnknownModelError, FileNotFoundError, ChecksumError: from `verispec.registry`.
-        ValueError: for an unknown backend, or batch_invariant=True with the transformers backend.
+        ValueError: for an unknown backend, or an option the backend does not take (e.g.
+            batch_invariant=True with the transformers backend).
         ImportError: when the backend's package is not installed.
         RuntimeError: batch_invariant=True with a llama.cpp that cannot do it.
     """
     if isinstance(spec, CausalLM):
         return spec
-    if n_threads is not None and backend != "llamacpp":
-        raise ValueError("n_threads is a llama.cpp option (backend='llamacpp'); transformers uses "
-                         "torch.set_num_threads")
-    if batch_invariant and backend != "llamacpp":
-        raise ValueError("batch_invariant is a llama.cpp option (backend='llamacpp'); the "
-                         "transformers backend has no such mode")
-    from . import registry
-
-    check_backend(backend)
-    resolved = registry.resolve(spec, fetch_missing=fetch_missing)
-    cls = backend_class(backend)
-    if backend == "transformers":
-        return cls.load(resolved.hf_path, name=resolved.name, device=device,
-                        num_hidden_layers=num_hidden_layers)
-    if resolved.gguf_path is None:
-        raise ValueError(f"backend 'llamacpp' needs a GGUF file; {spec!r} has none "
-                         "(use a registered name or a .gguf path)")
-    if num_hidden_layers is not None:
-        raise ValueError("num_hidden_layers (--draft-layers) is only supported by the transformers backend")
-    tokenizer_path = resolved.hf_path if resolved.kind != "gguf_file" or resolved.hf_path else None
-    return cls.load(str(resolved.gguf_path), tokenizer_path=tokenizer_path, name=resolved.name,
-                    batch_invariant=batch_invariant, n_threads=n_threads)
+    options = {name: value for name, value in (
+        ("device", device), ("num_hidden_layers", num_hidden_layers),
+        ("batch_invariant", batch_invariant), ("n_threads", n_threads)) if value is not None}
+    check_options(backend, {n: v for n, v in options.items() if v is not False})   # False: "off"
+    takes = BACKENDS[backend].options
+    return backend_class(backend).open(spec, fetch_missing=fetch_missing,
+                                       **{n: v for n, v in options.items() if n in takes})
 
 
 def check_compatible(target: CausalLM, draft: CausalLM) -> None:
@@ -145,74 +139,110 @@ class SpeculativeDecoder:
         draft: draft model spec or `CausalLM`, sharing the target's tokenizer;
             None decodes without a draft model (plain, suffix decoding or prompt lookup).
         drafter: "auto" (every usable drafter: "model" with a draft, "suffix"), one
-            name of `verispec.drafters.DRAFTERS` ("model", "suffix", "lookup"), or "none".
+            name of `verispec.drafters.DRAFTERS` ("model", "suffix", "lookup"), "none",
+            or a drafter object of your own (anything with the `verispec.drafters.Drafter`
+            attributes and methods; its `name` must not be one of those choices).
         backend, device: see `load_model`.
         suffix_cache_size: tokens of this decoder's earlier outputs the suffix drafter
             also drafts from (`verispec.drafters.SuffixCache`: whole outputs, least
             recently used evicted first; ~1 KB per token at most); 0 = off.
+        k_max: the largest draft length k="auto" considers (tokens, >= 1).
+
+    Attributes:
+        target, draft: the models (`CausalLM`; draft None without a draft model).
+        tokenizer: the target's tokenizer, or None.
+        drafter: the name of this decoder's drafter choice ("auto", ..., or the name
+            of a drafter object).
+        drafters: name -> drafter that choice uses.
+        k_max: as above.
 
     Raises:
         TokenizerMismatchError: if the draft's tokenizer differs.
-        ValueError: naming `drafter` for an unknown drafter, or "model" without a draft;
-            naming `suffix_cache_size` when it is negative.
+        ValueError: naming `drafter` for an unknown drafter, "model" without a draft,
+            or an object that is not a `Drafter`; naming `suffix_cache_size` when it is
+            negative, `k_max` when it is not an integer >= 1.
     """
 
     def __init__(self, target: str | CausalLM, draft: str | CausalLM | None = None, *,
-                 drafter: str = "auto", backend: str = "transformers",
-                 device: str | None = None, suffix_cache_size: int = 0) -> None:
-        check_drafter_choice(drafter, has_draft_model=draft is not None)
+                 drafter: str | Drafter = "auto", backend: str = "transformers",
+                 device: str | None = None, suffix_cache_size: int = 0, k_max: int = 8) -> None:
+        if isinstance(drafter, str):
+            check_drafter_choice(drafter, has_draft_model=draft is not None)
+        else:
+            _check_drafter_object(drafter)
         if isinstance(suffix_cache_size, bool) or not isinstance(suffix_cache_size, int) \
                 or suffix_cache_size < 0:
             raise ValueError(f"suffix_cache_size must be an integer >= 0 (tokens; 0 = off), "
                              f"got {suffix_cache_size!r}")
+        check_k_max(k_max)
+        self.k_max = k_max
         self.target = load_model(target, backend=backend, device=device)
         self.draft = load_model(draft, backend=backend, device=device) if draft is not None else None
         if self.draft is not None:
             check_compatible(self.target, self.draft)
-        self.drafter = drafter
         self.tokenizer = self.target.tokenizer
         self.suffix_cache = SuffixCache(suffix_cache_size) if suffix_cache_size else None
-        self.drafters = build_drafters(drafter, self.draft, suffix_cache=self.suffix_cache)
-        self._drafters_by_choice = {drafter: self.drafters}   # per-call `drafter` choices
+        self._drafters_by_choice: dict[str, dict[str, Drafter]] = {}   # per-call `drafter` choices
         self._auto_policies: dict = {}   # per choice, kept across calls: the cost curve is the machine's
+        self.drafter = self._choose(drafter)
+        self.drafters = self._drafters_by_choice[self.drafter]
 
-    def encode(self, prompt: str | Sequence[int], use_chat_template: bool | None = None) -> list[int]:
-        """Prompt text (or ids) -> token ids, applying the chat template by default.
+    def _choose(self, drafter: str | Drafter) -> str:
+        """The choice's name, its drafters built (or the object registered) on first use."""
+        if not isinstance(drafter, str):
+            _check_drafter_object(drafter)
+            if self._drafters_by_choice.get(drafter.name, {}).get(drafter.name) is not drafter:
+                self._drafters_by_choice[drafter.name] = {drafter.name: drafter}
+                self._auto_policies.pop(drafter.name, None)   # its α estimates were another's
+            return drafter.name
+        if drafter not in self._drafters_by_choice:
+            self._drafters_by_choice[drafter] = build_drafters(drafter, self.draft,
+                                                              suffix_cache=self.suffix_cache)
+        return drafter
+
+    def drafter_names(self, drafter: str | None = None) -> tuple[str, ...]:
+        """The drafters `generate(drafter=drafter)` uses (None: the decoder's own choice).
 
         Raises:
-            ValueError: if the prompt is empty, encodes to no tokens, is neither
-                text nor token ids, or holds an id outside the target's vocabulary.
+            ValueError: naming `drafter`, as `verispec.drafters.check_drafter_choice`.
         """
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise ValueError("prompt is empty: give some text to continue or answer")
-            tok = self.tokenizer
-            if tok is None:
-                raise ValueError("this target has no tokenizer: pass the prompt as token ids")
-            has_template = bool(getattr(tok, "chat_template", None))
-            if use_chat_template and not has_template:
-                raise ValueError(f"{self.target.name} has no chat template; use --no-chat-template")
-            if use_chat_template is None:
-                use_chat_template = has_template
-            if use_chat_template:
-                ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
-                                              add_generation_prompt=True, tokenize=True)
-                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-            else:
-                ids = tok.encode(prompt, add_special_tokens=True)
-            ids = [int(i) for i in ids]
-        else:
-            if isinstance(prompt, (bytes, int)) or not hasattr(prompt, "__iter__"):
-                raise ValueError(f"prompt must be text or a list of token ids, got {type(prompt).__name__}")
-            ids = [int(i) for i in prompt]
-            vocab = self.target.vocab_size
-            bad = [i for i in ids if not 0 <= i < vocab]
-            if bad:
-                raise ValueError(f"prompt holds token id {bad[0]}, outside {self.target.name}'s "
-                                 f"vocabulary 0..{vocab - 1}; encode the text with this model's tokenizer")
-        if not ids:
-            raise ValueError("prompt is empty: it encodes to no tokens")
-        return ids
+        choice = self.drafter if drafter is None else drafter
+        if choice in self._drafters_by_choice:
+            return tuple(self._drafters_by_choice[choice])
+        return drafter_names(choice, has_draft_model=self.draft is not None)
+
+    def encode(self, prompt: str | Sequence[int], use_chat_template: bool | None = None) -> list[int]:
+        """Prompt text (or ids) -> token ids, applying the chat template by default
+        (`verispec.encoding.encode`, which the server uses too).
+
+        Raises:
+            PromptError (a ValueError): if the prompt is empty, encodes to no tokens, is
+                neither text nor token ids, or holds an id outside the target's vocabulary.
+        """
+        return encode(self.tokenizer, prompt, self.target.vocab_size, use_chat_template=use_chat_template)
+
+    def sampling_config(self, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                        min_p: float = 0.0, repetition_penalty: float = 1.0,
+                        presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                        logit_bias: dict[int, float] | None = None,
+                        bad_words_ids: Sequence[Sequence[int]] | None = None,
+                        min_new_tokens: int = 0) -> SamplingConfig:
+        """The warps and controls for this target, validated once (the arguments are
+        `generate`'s): its EOS ids filled in (for min_new_tokens), every id checked
+        against its vocabulary.
+
+        Raises:
+            SettingError (a ValueError): naming the argument out of range
+                (`verispec.sampling.SamplingConfig`), or an id outside the vocabulary.
+        """
+        sampling = SamplingConfig(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, logit_bias=logit_bias or (),
+            bad_words_ids=bad_words_ids or (), min_new_tokens=min_new_tokens,
+            eos_token_ids=self.target.eos_token_ids)
+        sampling.check_vocab(self.target.vocab_size)
+        return sampling
 
     def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -224,7 +254,8 @@ class SpeculativeDecoder:
                  repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
                  bad_words_ids: Sequence[Sequence[int]] | None = None,
-                 min_new_tokens: int = 0, drafter: str | None = None) -> GenerationResult:
+                 min_new_tokens: int = 0, drafter: str | Drafter | None = None,
+                 sampling: SamplingConfig | None = None) -> GenerationResult:
         """Generate a continuation, exactly distributed as the target's own sampling.
 
         Args:
@@ -255,9 +286,13 @@ class SpeculativeDecoder:
                 min_new_tokens must not exceed max_new_tokens; stop strings are not
                 matched before it.
             drafter: this call's drafter choice, as the constructor's `drafter`
-                ("auto", "model", "lookup", "none"); None = the decoder's own. Each
-                choice keeps its own drafters and (for k="auto") its own adaptive
-                policy across calls; the models and their caches are shared.
+                ("auto", "model", "lookup", "none", or a `Drafter` object); None = the
+                decoder's own. Each choice keeps its own drafters and (for k="auto")
+                its own adaptive policy across calls; the models and their caches are
+                shared.
+            sampling: all the warps and controls at once, as `sampling_config` builds
+                them (what the server passes); then temperature ... min_new_tokens must
+                keep their defaults.
 
         Returns:
             GenerationResult(text, token_ids, prompt_ids, stats).
@@ -269,16 +304,22 @@ class SpeculativeDecoder:
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        sampling = SamplingConfig(
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty, logit_bias=logit_bias or (),
-            bad_words_ids=bad_words_ids or (), min_new_tokens=min_new_tokens,
-            eos_token_ids=self.target.eos_token_ids)
-        sampling.check_vocab(self.target.vocab_size)
-        if min_new_tokens > max_new_tokens:
-            raise ValueError(f"min_new_tokens ({min_new_tokens}) must not exceed max_new_tokens "
-                             f"({max_new_tokens})")
+        keywords = (temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                    frequency_penalty, logit_bias or None, bad_words_ids or None, min_new_tokens)
+        if sampling is None:
+            sampling = self.sampling_config(
+                temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty, logit_bias=logit_bias,
+                bad_words_ids=bad_words_ids, min_new_tokens=min_new_tokens)
+        elif keywords != _SAMPLING_DEFAULTS:
+            raise ValueError("give the sampling settings either as sampling=SamplingConfig(...) or "
+                             "as keywords (temperature=..., top_p=...), not both")
+        elif tuple(sampling.eos_token_ids) != tuple(sorted(self.target.eos_token_ids)):
+            sampling = replace(sampling, eos_token_ids=tuple(self.target.eos_token_ids))
+        if sampling.min_new_tokens > max_new_tokens:
+            raise ValueError(f"min_new_tokens ({sampling.min_new_tokens}) must not exceed "
+                             f"max_new_tokens ({max_new_tokens})")
         stops = check_stop_strings(stop_strings)
         if stops and self.tokenizer is None:
             raise ValueError("stop_strings need a tokenizer, and this target has none; "
@@ -287,22 +328,19 @@ class SpeculativeDecoder:
         if len(ids) >= self.target.context_length:
             raise ValueError(f"prompt has {len(ids)} tokens but the target's context length is "
                              f"{self.target.context_length}; shorten the prompt")
-        choice = self.drafter if drafter is None else drafter
-        if choice not in self._drafters_by_choice:
-            self._drafters_by_choice[choice] = build_drafters(choice, self.draft,
-                                                             suffix_cache=self.suffix_cache)
+        choice = self._choose(self.drafter if drafter is None else drafter)
         drafters = self._drafters_by_choice[choice]
         if k == "auto":
             if choice not in self._auto_policies:
-                self._auto_policies[choice] = make_policy("auto", drafters)
+                self._auto_policies[choice] = make_policy("auto", drafters, k_max=self.k_max)
             policy = self._auto_policies[choice]
             policy.start(max_new_tokens)
             if not policy.calibrated and drafters and max_new_tokens > 1:
                 policy.calibrate(self.target, ids)   # once per decoder: this machine's cost curve
         else:
-            policy = make_policy(k, drafters)
+            policy = make_policy(k, drafters, k_max=self.k_max)
         the_rule = resolve_rule(rule, k, drafters)
-        stream = (TextStream(self.tokenizer, stops, min_tokens=min_new_tokens)
+        stream = (TextStream(self.tokenizer, stops, min_tokens=sampling.min_new_tokens)
                   if self.tokenizer is not None else None)
         committed: list[int] = []
 
@@ -361,3 +399,15 @@ def resolve_rule(rule: str | Rule, k: int | str, drafters: dict) -> Rule:
     if rule not in RULES:
         raise ValueError(f"rule must be auto or one of {', '.join(RULES)}, got {rule!r}")
     return RULES[rule]
+
+
+def _check_drafter_object(drafter) -> None:
+    """Raise ValueError naming `drafter` unless it is a `Drafter` with a name of its own."""
+    if not isinstance(drafter, Drafter):
+        raise ValueError("drafter must be a name (one of "
+                         f"{', '.join(drafter_choices())}) or a verispec.drafters.Drafter object "
+                         "(name, point_mass, alpha_prior, forwards, seconds, catchup_seconds, "
+                         f"available, propose, rollback, reset); got {type(drafter).__name__}")
+    if not isinstance(drafter.name, str) or not drafter.name or drafter.name in drafter_choices():
+        raise ValueError(f"a drafter object needs a name of its own (not one of "
+                         f"{', '.join(drafter_choices())}), got name={drafter.name!r}")

@@ -19,7 +19,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .drafters.base import Drafter, DraftSampler
+from .drafters.lookup import LookupDrafter
 from .models.base import CausalLM
+from .sampling import SamplingConfig, SeededRandomness
 from .theory import CostCurve
 from .timing import Clock, time_forwards
 
@@ -60,7 +63,7 @@ class CostMeasurement:
         curve: medians: T_t(n) for n = 1..K+1 and T_d, seconds.
         target_samples: [K+1] lists of seconds, one list per n.
         draft_samples: seconds per draft token (model) or per lookup round.
-        draft_kind: "model", "lookup" or "none".
+        draft_kind: "model", the timed drafter's name ("lookup", "suffix", ...) or "none".
         prefix_tokens: context length (tokens) the forwards were timed after.
         repeats, warmup: timed and untimed runs per point.
         draft_samples_2: seconds of a 2-token draft forward (model only, else None):
@@ -98,6 +101,7 @@ def measure_cost_curve(
     context_tokens: Sequence[int],
     *,
     draft: CausalLM | None = None,
+    drafter: Drafter | None = None,
     lookup: bool = False,
     prefix_tokens: int = 200,
     repeats: int = 5,
@@ -111,15 +115,18 @@ def measure_cost_curve(
     next n tokens is timed `repeats` times after `warmup` runs (rounds interleaved over
     n, see `time_forwards`), rolled back after each; the median is used. T_d is one
     single-token draft forward on the same prefix (draft model; a 2-token forward,
-    T_d(2), is timed alongside), or one `LookupDrafter.propose` after the index holds
-    the prefix (lookup, one new token per round); 0 when neither is given.
+    T_d(2), is timed alongside), or one `drafter.propose` round after the prefix
+    (a model-free drafter: prompt lookup, suffix decoding, one of your own; one new
+    token per round); 0 when neither is given.
 
     Args:
         target: the target model (its cache is left holding the prefix).
         k_max: K >= 0; forwards over n = 1..K+1 new tokens are timed.
         context_tokens: token ids to time with (e.g. a prompt and its continuation).
         draft: the draft model, or None.
-        lookup: time prompt lookup as the drafter (when `draft` is None).
+        drafter: a model-free `Drafter` to time (when `draft` is None); its state
+            is left holding the timed context.
+        lookup: time a fresh `LookupDrafter` (shorthand for drafter=LookupDrafter()).
         prefix_tokens: context length before the timed forwards.
         repeats, warmup: timed and untimed rounds.
         clock: seconds, monotonic (injectable for tests).
@@ -145,18 +152,19 @@ def measure_cost_curve(
         _fill(draft, prefix)
         draft_samples, draft_samples_2 = time_forwards(draft, [new[:1], new[:2]], keep_all=False,
                                                        repeats=repeats, warmup=warmup, clock=clock)
-    elif lookup:
-        from .drafters.lookup import LookupDrafter
-
-        kind = "lookup"
-        drafter = LookupDrafter()
-        drafter.match(prefix)   # build the index (untimed)
+    elif drafter is not None or lookup:
+        drafter = drafter if drafter is not None else LookupDrafter()
+        kind = drafter.name
+        drafter.available(prefix)   # index the prefix (untimed)
+        sample = DraftSampler(SamplingConfig(), SeededRandomness(0), 0, "draft", target.vocab_size)
         draft_samples = []
         for i in range(warmup + repeats):
             context = prefix + new[:i + 1]
             start = clock()
-            drafter.propose(context, max(k_max, 1))
+            drafter.propose(context, max(k_max, 1), sample)
             elapsed = clock() - start
+            drafter.rollback(context)
+            sample.drafted.clear()
             if i >= warmup:
                 draft_samples.append(elapsed)
     else:

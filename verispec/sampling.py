@@ -23,6 +23,21 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from .controls import apply_controls
+
+
+class SettingError(ValueError):
+    """A sampling setting outside its range.
+
+    Attributes:
+        name: the argument at fault, as `SamplingConfig` names it ("temperature", "top_p", ...),
+            so each face can name its own spelling of it (--top-p, the request's "top_p").
+    """
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
 
 def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -68,42 +83,46 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
-            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature!r}")
+            raise SettingError("temperature", f"temperature must be finite and >= 0 (0 = greedy), "
+                                              f"got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = no top-k filter), got {self.top_k!r}")
+            raise SettingError("top_k", f"top_k must be an integer >= 0 (0 = no top-k filter), got {self.top_k!r}")
         if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (1 = no nucleus filter), got {self.top_p!r}")
+            raise SettingError("top_p", f"top_p must be in (0, 1] (1 = no nucleus filter), got {self.top_p!r}")
         if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+            raise SettingError("min_p", f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
         if not _is_real(self.repetition_penalty) or not 0 < self.repetition_penalty < math.inf:
-            raise ValueError(f"repetition_penalty must be finite and > 0 (1 = off), "
-                             f"got {self.repetition_penalty!r}")
+            raise SettingError("repetition_penalty", f"repetition_penalty must be finite and > 0 "
+                                                     f"(1 = off), got {self.repetition_penalty!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_real(value) or not -2 <= value <= 2:
-                raise ValueError(f"{name} must be in [-2, 2] (0 = off), got {value!r}")
+                raise SettingError(name, f"{name} must be in [-2, 2] (0 = off), got {value!r}")
         if isinstance(self.min_new_tokens, bool) or not isinstance(self.min_new_tokens, int) \
                 or self.min_new_tokens < 0:
-            raise ValueError(f"min_new_tokens must be an integer >= 0, got {self.min_new_tokens!r}")
+            raise SettingError("min_new_tokens", f"min_new_tokens must be an integer >= 0, "
+                                                 f"got {self.min_new_tokens!r}")
         bias = self.logit_bias
         pairs = list(bias.items()) if hasattr(bias, "items") else list(bias)
         clean: dict[int, float] = {}
         for pair in pairs:
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-                raise ValueError(f"logit_bias must map token ids to biases, got {bias!r}")
+                raise SettingError("logit_bias", f"logit_bias must map token ids to biases, got {bias!r}")
             tok, b = pair
             tok = _token_id(tok, "logit_bias")
             if not _is_real(b) or not math.isfinite(b):
-                raise ValueError(f"logit_bias[{tok}] must be a finite number, got {b!r}")
+                raise SettingError("logit_bias", f"logit_bias[{tok}] must be a finite number, got {b!r}")
             clean[tok] = clean.get(tok, 0.0) + float(b)
         object.__setattr__(self, "logit_bias", tuple(sorted(clean.items())))
         words = []
         for word in self.bad_words_ids:
             if isinstance(word, (int, str)) or not hasattr(word, "__iter__"):
-                raise ValueError(f"bad_words_ids must be a list of token-id lists, got {self.bad_words_ids!r}")
+                raise SettingError("bad_words_ids", f"bad_words_ids must be a list of token-id lists, "
+                                                    f"got {self.bad_words_ids!r}")
             word = tuple(_token_id(t, "bad_words_ids") for t in word)
             if not word:
-                raise ValueError("bad_words_ids holds an empty sequence; give at least one token id")
+                raise SettingError("bad_words_ids",
+                                   "bad_words_ids holds an empty sequence; give at least one token id")
             words.append(word)
         object.__setattr__(self, "bad_words_ids", tuple(words))
         # a sorted tuple, not a set: the config is written into JSON outputs (analyze, bench)
@@ -126,7 +145,7 @@ class SamplingConfig:
                           ("bad_words_ids", [t for w in self.bad_words_ids for t in w])):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
-                raise ValueError(f"{name} holds token id {bad[0]}, outside the vocabulary "
+                raise SettingError(name, f"{name} holds token id {bad[0]}, outside the vocabulary "
                                  f"0..{vocab_size - 1}")
 
 
@@ -134,7 +153,7 @@ def _token_id(value, name: str) -> int:
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value)      # JSON object keys arrive as strings
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must hold token ids (integers >= 0), got {value!r}")
+        raise SettingError(name, f"{name} must hold token ids (integers >= 0), got {value!r}")
     return int(value)
 
 
@@ -164,8 +183,6 @@ def warp(logits: torch.Tensor, config: SamplingConfig, history: Sequence[int] | 
     if config.has_controls:
         if history is None:
             raise ValueError("this SamplingConfig has history-dependent controls: pass history")
-        from .controls import apply_controls
-
         logits = apply_controls(logits, config, history, n_prompt, drafts)
     if config.greedy:
         out = torch.zeros_like(logits)

@@ -31,11 +31,13 @@ raise ``ValueError`` whose message names the offending argument.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Callable, Sequence, Union
 
 import numpy as np
+
+from .checks import (check_alphas, check_int, check_nonneg, check_positive, check_prob,
+                     is_scalar_alpha, to_numpy)
 
 __all__ = [
     "alpha",
@@ -47,7 +49,6 @@ __all__ = [
     "optimal_k_cost_curve",
     "fit_linear",
     "CostCurve",
-    "simulate_rounds",
 ]
 
 AlphaSpec = Union[float, Sequence[float]]
@@ -56,72 +57,6 @@ TargetTime = Union[Callable[[int], float], Sequence[float]]
 # Relative margin by which a larger k must beat the best smaller k in the optimal_k_*
 # searches, so that float rounding never breaks a mathematical tie towards larger k.
 _TIE_RTOL = 1e-12
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _check_real(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    x = float(value)
-    if not math.isfinite(x):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return x
-
-
-def _check_prob(value: object, name: str) -> float:
-    x = _check_real(value, name)
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
-    return x
-
-
-def _check_int(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    n = int(value)
-    if n < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return n
-
-
-def _check_nonneg(value: object, name: str) -> float:
-    x = _check_real(value, name)
-    if x < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return x
-
-
-def _check_positive(value: object, name: str) -> float:
-    x = _check_real(value, name)
-    if x <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return x
-
-
-def _check_alphas(alphas: object, name: str = "alphas") -> list[float]:
-    if isinstance(alphas, (str, bytes)) or not hasattr(alphas, "__len__"):
-        raise ValueError(f"{name} must be a sequence of probabilities in [0, 1], got {alphas!r}")
-    arr = np.asarray(alphas)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
-    return [_check_prob(a.item() if hasattr(a, "item") else a, f"{name}[{i}]") for i, a in enumerate(arr)]
-
-
-def _is_scalar_alpha(alpha_or_alphas: object) -> bool:
-    if isinstance(alpha_or_alphas, numbers.Real) and not isinstance(alpha_or_alphas, bool):
-        return True
-    return isinstance(alpha_or_alphas, np.ndarray) and alpha_or_alphas.ndim == 0
-
-
-def _to_numpy(x: object, name: str) -> np.ndarray:
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor, without importing torch
-        x = x.detach().cpu().double().numpy()
-    try:
-        return np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be an array of probabilities, got {type(x).__name__}") from exc
 
 
 # --------------------------------------------------------------------------- acceptance rate
@@ -149,8 +84,8 @@ def alpha(p: object, q: object, *, atol: float = 1e-3) -> Union[float, np.ndarra
             empty last axis, or an entry is negative / non-finite, or a distribution
             does not sum to 1 within ``atol``.
     """
-    pa = _to_numpy(p, "p")
-    qa = _to_numpy(q, "q")
+    pa = to_numpy(p, "p")
+    qa = to_numpy(q, "q")
     if pa.shape != qa.shape:
         raise ValueError(f"p and q must have equal shapes, got p {pa.shape} and q {qa.shape}")
     if pa.ndim == 0 or pa.shape[-1] == 0:
@@ -187,8 +122,8 @@ def expected_tokens(alpha: float, k: int) -> float:
         ValueError: naming ``alpha`` if it is not a finite real in [0, 1], or ``k`` if
             it is not an integer >= 0.
     """
-    a = _check_prob(alpha, "alpha")
-    k = _check_int(k, "k", 0)
+    a = check_prob(alpha, "alpha")
+    k = check_int(k, "k", 0)
     if a == 1.0:
         return float(k + 1)
     if a == 0.0 or k == 0:
@@ -223,7 +158,7 @@ def expected_tokens_positional(alphas: Sequence[float]) -> float:
             of finite reals in [0, 1].
     """
     total, prod = 1.0, 1.0
-    for a in _check_alphas(alphas, "alphas"):
+    for a in check_alphas(alphas, "alphas"):
         prod *= a
         total += prod
     return total
@@ -251,7 +186,7 @@ def speedup_constant_cost(alpha: float, k: int, c: float) -> float:
         ValueError: naming ``alpha``, ``k`` or ``c`` when out of range.
     """
     e = expected_tokens(alpha, k)
-    c = _check_nonneg(c, "c")
+    c = check_nonneg(c, "c")
     return e / (k * c + 1.0)
 
 
@@ -275,15 +210,15 @@ def _target_time_fn(target_time: TargetTime, needed: int) -> Callable[[int], flo
         fn = lambda n: seq[n - 1]  # noqa: E731
 
     def checked(n: int) -> float:
-        return _check_positive(fn(n), f"target_time({n})")
+        return check_positive(fn(n), f"target_time({n})")
 
     return checked
 
 
 def _alpha_spec_E(alpha_or_alphas: AlphaSpec, k: int, k_name: str = "k") -> float:
-    if _is_scalar_alpha(alpha_or_alphas):
+    if is_scalar_alpha(alpha_or_alphas):
         return expected_tokens(alpha_or_alphas, k)  # type: ignore[arg-type]
-    alphas = _check_alphas(alpha_or_alphas, "alpha_or_alphas")
+    alphas = check_alphas(alpha_or_alphas, "alpha_or_alphas")
     if k > len(alphas):
         raise ValueError(
             f"{k_name}={k} exceeds the number of per-position acceptance rates ({len(alphas)})"
@@ -322,9 +257,9 @@ def speedup_cost_curve(
             when out of range (including a too-short ``target_time`` sequence, a
             non-positive T_t(n), or k > len(alphas)).
     """
-    k = _check_int(k, "k", 0)
+    k = check_int(k, "k", 0)
     e = _alpha_spec_E(alpha_or_alphas, k)
-    t_d = _check_nonneg(draft_time, "draft_time")
+    t_d = check_nonneg(draft_time, "draft_time")
     t_t = _target_time_fn(target_time, k + 1)
     return e * t_t(1) / (k * t_d + t_t(k + 1))
 
@@ -356,9 +291,9 @@ def optimal_k_constant(alpha: float, c: float, k_max: int) -> tuple[int, float]:
     Raises:
         ValueError: naming ``alpha``, ``c`` or ``k_max`` when out of range.
     """
-    a = _check_prob(alpha, "alpha")
-    c = _check_nonneg(c, "c")
-    k_max = _check_int(k_max, "k_max", 0)
+    a = check_prob(alpha, "alpha")
+    c = check_nonneg(c, "c")
+    k_max = check_int(k_max, "k_max", 0)
     return _argmax_k(lambda k: speedup_constant_cost(a, k, c), k_max)
 
 
@@ -388,9 +323,9 @@ def optimal_k_cost_curve(
         ValueError: naming ``alpha_or_alphas``, ``target_time``, ``draft_time`` or
             ``k_max`` when out of range (k_max > len(alphas) included).
     """
-    k_max = _check_int(k_max, "k_max", 0)
+    k_max = check_int(k_max, "k_max", 0)
     _alpha_spec_E(alpha_or_alphas, k_max, "k_max")  # validates alphas and their length
-    _check_nonneg(draft_time, "draft_time")
+    check_nonneg(draft_time, "draft_time")
     _target_time_fn(target_time, k_max + 1)  # validates sequence length up front
     return _argmax_k(lambda k: speedup_cost_curve(alpha_or_alphas, k, target_time, draft_time), k_max)
 
@@ -449,9 +384,9 @@ class CostCurve:
         tt = self.target_times
         if isinstance(tt, (str, bytes)) or not hasattr(tt, "__len__") or len(tt) == 0:
             raise ValueError(f"target_times must be a non-empty sequence of seconds, got {tt!r}")
-        vals = tuple(_check_positive(t, f"target_times[{i}]") for i, t in enumerate(tt))
+        vals = tuple(check_positive(t, f"target_times[{i}]") for i, t in enumerate(tt))
         object.__setattr__(self, "target_times", vals)
-        object.__setattr__(self, "draft_time", _check_nonneg(self.draft_time, "draft_time"))
+        object.__setattr__(self, "draft_time", check_nonneg(self.draft_time, "draft_time"))
 
     @classmethod
     def from_measurements(
@@ -476,13 +411,13 @@ class CostCurve:
             if arr.size == 0 or not np.all(np.isfinite(arr)):
                 raise ValueError(f"target_samples[{i}] must be a non-empty list of finite seconds")
             meds.append(float(np.median(arr)))
-        if _is_scalar_alpha(draft_samples):
-            t_d = _check_nonneg(draft_samples, "draft_samples")
+        if is_scalar_alpha(draft_samples):
+            t_d = check_nonneg(draft_samples, "draft_samples")
         else:
             arr = np.asarray(draft_samples, dtype=np.float64).reshape(-1)
             if arr.size == 0 or not np.all(np.isfinite(arr)):
                 raise ValueError("draft_samples must be a non-empty list of finite seconds")
-            t_d = _check_nonneg(float(np.median(arr)), "draft_samples")
+            t_d = check_nonneg(float(np.median(arr)), "draft_samples")
         return cls(tuple(meds), t_d)
 
     @property
@@ -501,7 +436,7 @@ class CostCurve:
         Raises:
             ValueError: naming ``n`` if it is not an integer >= 1.
         """
-        n = _check_int(n, "n", 1)
+        n = check_int(n, "n", 1)
         tt = self.target_times
         if n <= len(tt):
             return tt[n - 1]
@@ -522,52 +457,3 @@ class CostCurve:
     def optimal_k(self, alpha_or_alphas: AlphaSpec, k_max: int) -> tuple[int, float]:
         """:func:`optimal_k_cost_curve` with this curve's T_t and T_d."""
         return optimal_k_cost_curve(alpha_or_alphas, self.target, self.draft_time, k_max)
-
-
-# --------------------------------------------------------------------------- simulation
-
-
-def simulate_rounds(
-    alpha: AlphaSpec,
-    k: int,
-    rounds: int,
-    rng: Union[np.random.Generator, int, None] = None,
-) -> float:
-    """Monte-Carlo engine: mean tokens per round with Bernoulli acceptance.
-
-    Each round proposes k drafts; draft j is accepted independently with probability
-    α (or α_j for per-position rates), the round stops at the first rejection, and
-    yields (accepted + 1) tokens (the bonus/correction token). Its expectation is
-    E(α, k) (Leviathan et al. 2023, Eq. 1) or :func:`expected_tokens_positional`.
-    For tests of the closed forms; not part of decoding.
-
-    Args:
-        alpha: scalar α in [0, 1] or per-position α_1..α_K with K >= k.
-        k: draft length, integer >= 0.
-        rounds: number of simulated rounds, integer >= 1.
-        rng: a ``numpy.random.Generator`` (or a seed / None for ``default_rng``).
-
-    Returns:
-        Mean tokens per round (tokens per target forward).
-
-    Raises:
-        ValueError: naming ``alpha``/``alpha_or_alphas``, ``k``, ``rounds`` or ``rng``.
-    """
-    k = _check_int(k, "k", 0)
-    rounds = _check_int(rounds, "rounds", 1)
-    if _is_scalar_alpha(alpha):
-        probs = np.full(k, _check_prob(alpha, "alpha"))
-    else:
-        alphas = _check_alphas(alpha, "alpha")
-        if k > len(alphas):
-            raise ValueError(f"k={k} exceeds the number of per-position acceptance rates ({len(alphas)})")
-        probs = np.asarray(alphas[:k], dtype=np.float64)
-    if rng is None or (isinstance(rng, numbers.Integral) and not isinstance(rng, bool)):
-        rng = np.random.default_rng(rng)
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError(f"rng must be a numpy.random.Generator, an int seed or None, got {rng!r}")
-    if k == 0:
-        return 1.0
-    accepted = rng.random((rounds, k)) < probs  # (rounds, k) Bernoulli draws
-    n_accepted = np.cumprod(accepted, axis=1).sum(axis=1)  # leading run of acceptances
-    return float(n_accepted.mean() + 1.0)

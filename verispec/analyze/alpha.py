@@ -213,10 +213,6 @@ class AlphaSummary:
     tau_empirical: list[float | None]
     mean_proposed: float | None
 
-    def alphas_filled(self) -> list[float]:
-        """α_1..α_K with unreached positions set to 0 (they never add to E)."""
-        return [0.0 if a is None else min(max(a, 0.0), 1.0) for a in self.alphas]
-
 
 def summarize_points(points: Sequence[PointRecord], k_max: int) -> AlphaSummary:
     """Pool evaluation points into per-position α (the w-weighted mean of the module docstring).

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..cost import measure_cost_curve
 from ..decoding import decode
+from ..drafters import DRAFTERS, Drafter, check_drafter_choice
 from ..models.base import CausalLM
 from ..policy import FixedPolicy
 from ..predict import speedup_table
@@ -67,15 +68,14 @@ class AnalyzeConfig:
     measure_ks: tuple[int, ...] | None = None
 
 
-def _measure_points(target: CausalLM, drafter, ids: list[int], ks: Sequence[int],
-                    config: AnalyzeConfig) -> list[dict]:
+def _measure_points(target: CausalLM, drafter: Drafter, draft: CausalLM | None, ids: list[int],
+                    ks: Sequence[int], config: AnalyzeConfig) -> list[dict]:
     """Run plain and fixed-k decodes on one prompt; speedup = decode tokens/s over plain's."""
-    # warm-up: prefill the target (and the draft), so no measured run pays a prefill
+    # warm-up: prefill the target (and the draft model), so no measured run pays a prefill
     decode(target, ids, FixedPolicy(None, 0), sampling=config.sampling, max_new_tokens=1,
            rng=SeededRandomness(config.seed))
-    model = getattr(drafter, "model", None)
-    if model is not None:
-        model.sync(ids)
+    if draft is not None:
+        draft.sync(ids)
     rows = []
     for k in [0, *ks]:
         policy = FixedPolicy(drafter if k else None, k)
@@ -111,7 +111,8 @@ def run_analysis(
             `groups` (its raw category when it has none).
         encode: prompt text -> token ids (e.g. `SpeculativeDecoder.encode`, chat template).
         config: k_max, budget, sampling, timing repeats, --measure.
-        drafter_kind: "model" (needs `draft`) or "lookup".
+        drafter_kind: a name in `verispec.drafters.DRAFTERS` ("model" needs `draft`;
+            a model-free drafter is built afresh for every prompt).
         draft: the draft model.
         clock: timer for the cost curve (injectable for tests).
         progress: called with a short status line per step.
@@ -122,18 +123,20 @@ def run_analysis(
     Raises:
         ValueError: for a bad drafter kind, a missing draft or no prompts.
     """
-    from ..drafters.lookup import LookupDrafter
-    from ..drafters.model import ModelDrafter
-
-    if drafter_kind not in ("model", "lookup"):
-        raise ValueError(f"drafter must be 'model' or 'lookup', got {drafter_kind!r}")
-    if drafter_kind == "model" and draft is None:
-        raise ValueError("drafter 'model' needs a draft model (or use --drafter lookup)")
+    if drafter_kind not in DRAFTERS:
+        raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter_kind!r}")
+    kind = DRAFTERS[drafter_kind]
+    check_drafter_choice(drafter_kind, has_draft_model=draft is not None)
     if not prompts:
         raise ValueError("no prompts to analyse")
+    draft = draft if kind.needs_model else None
+
+    def fresh() -> Drafter:
+        return kind.make(draft, None)
+
     say = progress or (lambda _msg: None)
     K = config.k_max
-    drafter = ModelDrafter(draft) if drafter_kind == "model" else LookupDrafter()
+    drafter = fresh()
     per_prompt: list[dict] = []
     records: dict[str, list[PointRecord]] = {}
     all_points: list[PointRecord] = []   # each prompt's points once, however many groups it is in
@@ -145,8 +148,8 @@ def run_analysis(
         say(f"[{i + 1}/{len(prompts)}] {groups[0]} #{pr.id}: trajectory + α")
         ids = encode(pr.text)
         prompt_ids[i] = ids
-        if drafter_kind == "lookup":
-            drafter = LookupDrafter()
+        if not kind.needs_model:      # its index would hold the earlier prompts
+            drafter = fresh()
         traj = measure_trajectory_alpha(
             target, drafter, ids, k_max=K, sampling=config.sampling,
             max_new_tokens=config.max_new_tokens, rng=SeededRandomness(config.seed + i), stride=config.stride)
@@ -165,8 +168,8 @@ def run_analysis(
     alpha_seconds = time.perf_counter() - start
 
     say("cost curve: timing T_t(n) and T_d")
-    cost = measure_cost_curve(target, K, longest, draft=draft if drafter_kind == "model" else None,
-                              lookup=drafter_kind == "lookup", prefix_tokens=config.prefix_tokens,
+    cost = measure_cost_curve(target, K, longest, draft=draft,
+                              drafter=None if kind.needs_model else fresh(), prefix_tokens=config.prefix_tokens,
                               repeats=config.repeats, warmup=config.warmup, clock=clock)
 
     def block(points: list[PointRecord], prompt_alphas: list[float]) -> dict:
@@ -191,15 +194,15 @@ def run_analysis(
         for cat in records:
             i = next(j for j, p in enumerate(prompts) if cat in (p.groups or (p.category,)))
             say(f"measuring k = 0, {', '.join(map(str, ks))} on {cat} #{prompts[i].id}")
-            if drafter_kind == "lookup":
-                drafter = LookupDrafter()
-            measured[cat] = {"id": prompts[i].id, "points": _measure_points(target, drafter, prompt_ids[i],
+            if not kind.needs_model:
+                drafter = fresh()
+            measured[cat] = {"id": prompts[i].id, "points": _measure_points(target, drafter, draft, prompt_ids[i],
                                                                               ks, config)}
 
     return {
         "version": 1,
         "prompt_selection": dict(PROMPT_SELECTION),
-        "target": target.name, "draft": draft.name if draft is not None and drafter_kind == "model" else None,
+        "target": target.name, "draft": draft.name if draft is not None else None,
         "drafter": drafter_kind, "backend": getattr(target, "backend", None),
         "sampling": asdict(config.sampling), "seed": config.seed, "k_max": K,
         "max_new_tokens": config.max_new_tokens, "stride": config.stride,

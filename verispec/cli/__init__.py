@@ -16,9 +16,13 @@ from .models import models_fetch, models_list
 from .plan import plan
 from .serve import serve
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# Help is click's plain layout (rich_markup_mode=None): it wraps the help text under long
+# option names and never cuts a name, at any terminal width (rich's tables cut them at
+# 80 columns: `--repetition-pen…`); tests/test_cli_help.py checks every command.
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Exact (lossless) speculative decoding, and the maths to know when it pays.")
-models_app = typer.Typer(no_args_is_help=True, help="Fetch and list the registered models.")
+models_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                         help="Fetch and list the registered models.")
 app.add_typer(models_app, name="models")
 
 app.command()(generate)

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from ..drafters import DRAFTERS
 from .common import (BACKEND, BAD_WORD, DRAFT, FREQUENCY_PENALTY, LOGIT_BIAS, MIN_NEW_TOKENS, MIN_P,
                      PRESENCE_PENALTY, REPETITION_PENALTY, TARGET, bad_words_ids, build_decoder,
                      controls_from_options, err, fail, sampling_or_fail)
@@ -18,7 +19,8 @@ def analyze(
     target: Optional[str] = TARGET,
     draft: Optional[str] = DRAFT,
     backend: Optional[str] = BACKEND,
-    drafter: str = typer.Option("model", "--drafter", help="model or lookup"),
+    drafter: str = typer.Option("model", "--drafter", metavar="NAME", help="the drafter whose α is measured: "
+                                + "; ".join(f"{n}: {k.help}" for n, k in DRAFTERS.items())),
     prompts: Optional[str] = typer.Option(
         None, "--prompts", "--dataset", help="Spec-Bench JSON lines (question_id, category, turns) or plain text, one "
         "prompt a line (default: $VERISPEC_SPEC_BENCH, else ../shared/data/spec_bench/question.jsonl)"),
@@ -55,8 +57,8 @@ def analyze(
     from ..prompts import dataset_path, load_prompts
     from ..report.analysis import closing_notes, render_tables
 
-    if drafter not in ("model", "lookup"):
-        fail(f"--drafter must be model or lookup, got {drafter!r}")
+    if drafter not in DRAFTERS:
+        fail(f"--drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
     for name, value, low in (("--k-max", k_max, 1), ("--max-new-tokens", max_new_tokens, 1),
                              ("--per-category", per_category, 0), ("--repeats", repeats, 1),
                              ("--prefix-tokens", prefix_tokens, 1)):

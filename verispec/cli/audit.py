@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from ..drafters import DRAFTERS, ModelDrafter
 from .common import (BACKEND, BAD_WORD, DRAFT, FREQUENCY_PENALTY, LOGIT_BIAS, MIN_NEW_TOKENS, MIN_P,
                      PRESENCE_PENALTY, REPETITION_PENALTY, TARGET, bad_words_ids, build_decoder,
                      controls_from_options, err, fail, sampling_or_fail)
@@ -52,7 +53,8 @@ def audit(
     draft_layers: Optional[int] = typer.Option(None, "--draft-layers", min=1,
                                                help="keep only the draft's first N layers ('--draft self')"),
     backend: Optional[str] = BACKEND,
-    drafter: str = typer.Option("model", "--drafter", help="model, suffix (suffix decoding) or lookup"),
+    drafter: str = typer.Option("model", "--drafter", metavar="NAME", help="the drafter audited: "
+                                + "; ".join(f"{n}: {k.help}" for n, k in DRAFTERS.items())),
     k: int = typer.Option(3, "--k", min=1, help="draft length"),
     n_samples: int = typer.Option(2000, "--n-samples", min=10, help="samples per implementation (N)"),
     m: int = typer.Option(3, "--m", min=1, max=8, help="new tokens per sample"),
@@ -124,9 +126,6 @@ def audit(
     if given:
         fail(f"{', '.join(given)} only apply with --endpoint URL (auditing a server)")
     from .. import audit as A
-    from ..drafters.lookup import LookupDrafter
-    from ..drafters.model import ModelDrafter
-    from ..drafters.suffix import SuffixDrafter
     from ..policy import FixedPolicy
     from ..verify import RULES
 
@@ -160,12 +159,13 @@ def audit(
     if temperature == 0:
         fail("--temperature must be > 0: greedy output is deterministic, compare it with generate --compare")
     wanted = _rule_names(rules, A.RULE_NAMES + ("hf-assisted",))
-    if drafter not in ("model", "suffix", "lookup"):
-        fail(f"--drafter must be model, suffix or lookup for an audit, got {drafter!r}")
-    decoder, backend = build_decoder(target, draft if drafter == "model" else "none", backend, drafter,
+    if drafter not in DRAFTERS:
+        fail(f"--drafter must be one of {', '.join(DRAFTERS)} for an audit, got {drafter!r}")
+    needs_model = DRAFTERS[drafter].needs_model
+    decoder, backend = build_decoder(target, draft if needs_model else "none", backend, drafter,
                                      draft_layers)
-    if drafter == "model" and decoder.draft is None:
-        fail("--drafter model needs a draft model (--draft)")
+    if needs_model and decoder.draft is None:
+        fail(f"--drafter {drafter} needs a draft model (--draft)")
     ids = decoder.encode(prompt)
     # the controls on the real target: its EOS ids (min_new_tokens) and tokenized bad words
     sampling = sampling_or_fail(temperature, top_k, top_p, **controls,
@@ -178,8 +178,7 @@ def audit(
     if sampling.has_controls and "hf-assisted" in wanted:
         fail("--rules hf-assisted runs transformers' own loop, which verispec cannot give its "
              "sampling controls; drop the controls or hf-assisted")
-    the_drafter = (ModelDrafter(decoder.draft) if drafter == "model"
-                   else SuffixDrafter() if drafter == "suffix" else LookupDrafter())
+    (the_drafter,) = decoder.drafters.values()     # the one `drafter` names
     factory = lambda: FixedPolicy(the_drafter, k)  # noqa: E731
     built = A.rule_samplers(decoder.target, factory, ids, m, sampling, rule=verispec_rule,
                             rules=[name for name in wanted if name != "hf-assisted"])

@@ -8,6 +8,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..drafters import DRAFTER_CHOICES, DRAFTERS, check_drafter_choice
+from ..models import BACKENDS, check_backend, default_backend
+from ..verify import RULES
+
 err = Console(stderr=True)
 
 
@@ -94,28 +98,34 @@ def parse_k(value: str) -> int | str:
     return k
 
 
-def default_backend() -> str:
-    """llama.cpp on CPU when installed, transformers on a GPU or without llama.cpp."""
-    import importlib.util
-
-    import torch
-
-    if torch.cuda.is_available():
-        return "transformers"
-    return "llamacpp" if importlib.util.find_spec("llama_cpp") else "transformers"
+def _choices(names, helps) -> str:
+    return "; ".join(f"{n}: {h}" if h else n for n, h in zip(names, helps))
 
 
 TARGET = typer.Option(None, "--target", help="registered name, HF directory, .gguf file or hub id "
                       "(default: qwen2.5-coder-1.5b)")
 DRAFT = typer.Option(None, "--draft", help="draft model (same tokenizer as the target) "
                      "(default: qwen2.5-coder-0.5b when the target is the default); 'none' for no draft model")
-BACKEND = typer.Option(None, "--backend", help="transformers or llamacpp (default: llamacpp on CPU "
-                       "when installed, else transformers)")
-DRAFTER = typer.Option("auto", "--drafter", help="auto (model with a draft, and suffix), model, "
-                       "suffix (suffix decoding, no model), lookup (prompt lookup) or none")
+BACKEND = typer.Option(None, "--backend", metavar="NAME", help=_choices(
+    BACKENDS, [k.help for k in BACKENDS.values()]) + " (default: the one preferred on this device "
+    f"and installed: {', '.join(f'{n} on {d}' for n, k in BACKENDS.items() for d in k.preferred_on)})")
+DRAFTER = typer.Option("auto", "--drafter", metavar="NAME", help=_choices(
+    DRAFTER_CHOICES, ["every usable drafter: " + ", ".join(n for n, k in DRAFTERS.items() if k.in_auto)]
+    + [k.help for k in DRAFTERS.values()] + ["plain decoding"]))
+RULE = typer.Option("auto", "--rule", metavar="NAME", help="acceptance rule: auto (the coupled rule "
+                    "with --k auto or point-mass drafters, else the standard one), or "
+                    + ", ".join(RULES) + " (verispec.verify.RULES)")
+K_MAX = typer.Option(8, "--k-max", min=1, help="largest draft length --k auto considers")
 SUFFIX_CACHE_SIZE = typer.Option(0, "--suffix-cache-size", min=0,
                                  help="tokens of earlier outputs the suffix drafter also drafts from "
                                  "(whole outputs, least recently used evicted; ~1 KB each); 0 = off")
+
+
+def check_rule(rule: str) -> str:
+    """`rule` if it is "auto" or a name in `verispec.verify.RULES`, else a clear error."""
+    if rule != "auto" and rule not in RULES:
+        fail(f"--rule must be auto or one of {', '.join(RULES)}, got {rule!r}")
+    return rule
 
 
 BATCH_INVARIANT = typer.Option(None, "--batch-invariant/--no-batch-invariant",
@@ -126,22 +136,27 @@ BATCH_INVARIANT = typer.Option(None, "--batch-invariant/--no-batch-invariant",
 
 def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional[str], drafter: str,
                   draft_layers: Optional[int] = None, suffix_cache_size: int = 0,
-                  batch_invariant: Optional[bool] = None):
+                  batch_invariant: Optional[bool] = None, k_max: int = 8):
     """Load target and draft for the CLI, turning library errors into clear messages."""
     from .. import registry
     from ..api import SpeculativeDecoder, load_model
-    from ..drafters import DRAFTER_CHOICES
 
-    if drafter not in DRAFTER_CHOICES:
-        fail(f"--drafter must be {', '.join(DRAFTER_CHOICES[:-1])} or none, got {drafter!r}")
+    try:
+        check_drafter_choice(drafter, has_draft_model=True)
+    except ValueError as e:
+        fail(f"--{e}")
     if suffix_cache_size < 0:
         fail(f"--suffix-cache-size must be >= 0 tokens (0 = off), got {suffix_cache_size}")
     backend = backend or default_backend()
-    if backend not in ("transformers", "llamacpp"):
-        fail(f"--backend must be transformers or llamacpp, got {backend!r}")
-    if batch_invariant and backend != "llamacpp":
-        fail("--batch-invariant is a llama.cpp option; use it with --backend llamacpp")
-    if draft is None and target in (None, registry.DEFAULT_TARGET) and drafter in ("auto", "model"):
+    try:
+        check_backend(backend)
+    except ValueError as e:
+        fail(f"--{e}")
+    if batch_invariant and "batch_invariant" not in BACKENDS[backend].options:
+        fail(f"--batch-invariant is not an option of the {backend} backend; use it with --backend "
+             + " or ".join(n for n, k in BACKENDS.items() if "batch_invariant" in k.options))
+    uses_model = drafter == "auto" or (drafter in DRAFTERS and DRAFTERS[drafter].needs_model)
+    if draft is None and target in (None, registry.DEFAULT_TARGET) and uses_model:
         draft = registry.DEFAULT_DRAFT
     target = target or registry.DEFAULT_TARGET
     if draft in ("none", ""):
@@ -150,7 +165,7 @@ def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional
         with err.status(f"loading target {target} ({backend})"):
             target_model = load_model(target, backend=backend, batch_invariant=batch_invariant)
         draft_model = None
-        if draft is not None and drafter in ("auto", "model"):
+        if draft is not None and uses_model:
             with err.status(f"loading draft {draft} ({backend})"):
                 if draft == "self":   # the target's first layers as its own draft
                     if draft_layers is None:
@@ -161,7 +176,7 @@ def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional
                     draft_model = load_model(draft, backend=backend, num_hidden_layers=draft_layers,
                                              batch_invariant=batch_invariant)
         return SpeculativeDecoder(target_model, draft_model, drafter=drafter,
-                                  suffix_cache_size=suffix_cache_size), backend
+                                  suffix_cache_size=suffix_cache_size, k_max=k_max), backend
     except typer.Exit:
         raise
     except (ValueError, FileNotFoundError, PermissionError, OSError, RuntimeError, ImportError) as e:

@@ -8,10 +8,10 @@ from typing import Optional
 
 import typer
 
-from .common import (BACKEND, BAD_WORD, BATCH_INVARIANT, DRAFT, DRAFTER, FREQUENCY_PENALTY, LOGIT_BIAS, MIN_NEW_TOKENS,
-                     MIN_P, PRESENCE_PENALTY, REPETITION_PENALTY, SUFFIX_CACHE_SIZE, TARGET, bad_words_ids,
-                     build_decoder, controls_from_options, err, fail, parse_k, sampling_or_fail,
-                     stats_table)
+from .common import (BACKEND, BAD_WORD, BATCH_INVARIANT, DRAFT, DRAFTER, FREQUENCY_PENALTY, K_MAX, LOGIT_BIAS,
+                     MIN_NEW_TOKENS, MIN_P, PRESENCE_PENALTY, REPETITION_PENALTY, RULE, SUFFIX_CACHE_SIZE, TARGET,
+                     bad_words_ids, build_decoder, check_rule, controls_from_options, err, fail, parse_k,
+                     sampling_or_fail, stats_table)
 
 
 def generate(
@@ -21,14 +21,14 @@ def generate(
     draft_layers: Optional[int] = typer.Option(None, "--draft-layers", min=1,
                                                help="keep only the draft's first N layers ('--draft self' uses the target's)"),
     k: str = typer.Option("auto", "--k", help="draft length per round, or 'auto' (adaptive, may choose 0)"),
+    k_max: int = K_MAX,
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="exact token budget (>= 0)"),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
     top_k: int = typer.Option(0, "--top-k", help="0 = off"),
     top_p: float = typer.Option(1.0, "--top-p", help="in (0, 1]; 1 = off"),
     seed: Optional[int] = typer.Option(None, "--seed", help="makes sampled output reproducible "
                                        "(unseeded runs print the seed they drew)"),
-    rule: str = typer.Option("auto", "--rule", help="acceptance rule: auto, standard (min(1,p/q)) or "
-                             "gumbel (coupled: output = the plain seeded sample for every k)"),
+    rule: str = RULE,
     min_p: float = MIN_P,
     repetition_penalty: float = REPETITION_PENALTY,
     presence_penalty: float = PRESENCE_PENALTY,
@@ -56,12 +56,11 @@ def generate(
     sampling_or_fail(temperature, top_k, top_p, **controls)
     if min_new_tokens > max_new_tokens:
         fail(f"--min-new-tokens ({min_new_tokens}) must not exceed --max-new-tokens ({max_new_tokens})")
-    if rule not in ("auto", "standard", "gumbel"):
-        fail(f"--rule must be auto, standard or gumbel, got {rule!r}")
+    check_rule(rule)
     if stop and any(not s for s in stop):
         fail("--stop needs a non-empty string")
     decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers, suffix_cache_size,
-                                     batch_invariant)
+                                     batch_invariant, k_max)
     controls["bad_words_ids"] = bad_words_ids(decoder.tokenizer, bad_word)
     warm = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                 use_chat_template=False if no_chat_template else None)

@@ -10,7 +10,37 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..models import BACKENDS
 from .common import err, fail
+
+ALPHA_HELP = ("speculative decoding needs the acceptance rate α: the probability that the target accepts a "
+              "draft token (Σ min(p, q), 0 < α < 1), which belongs to the model pair and the text. Give one of "
+              "--alpha 0.7 (a guess), --tau (mean tokens per round you measured), --alpha-from analysis.json "
+              "(measure it here with `verispec analyze --target T --draft D --prompts ...`), or --metrics-url "
+              "http://host:8000/metrics (read it from a running vLLM or verispec serve)")
+
+
+def _fail(message: str, as_json: bool) -> None:
+    """Exit 2 with ``message``: on stdout as an OpenAI-shaped JSON error under --json
+    (``param`` is the flag the message starts with), else in red on stderr."""
+    if as_json:
+        flag = message.split(":")[0].split()[0] if message.startswith("--") else None
+        print(json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": flag,
+                                    "code": None}}))
+        raise typer.Exit(2)
+    fail(message)
+
+
+def _print_list_hardware(console: Console) -> None:
+    from ..plan.hardware import catalogue
+
+    table = Table(title="hardware catalogue (verispec/plan/hardware.csv)")
+    for col in ("name", "kind", "GB/s", "TFLOP/s", "GB", "source"):
+        table.add_column(col)
+    for hw in catalogue().values():
+        table.add_row(hw.name, hw.kind, f"{hw.bandwidth / 1e9:g}", f"{hw.flops / 1e12:g}" if hw.flops else "",
+                      f"{hw.memory / 1e9:g}" if hw.memory else "", hw.source[:60])
+    console.print(table)
 
 
 def hardware_or_fail(text: str):
@@ -61,15 +91,23 @@ def print_plan(console: Console, p) -> None:
         costs.add_row(label, _ms(f.total_s), ratio, _ms(f.memory_s), _ms(f.compute_s),
                       *((_ms(f.comm_s),) if comm else ()), _ms(f.overhead_s), f.bound)
     console.print(costs)
+    iv = p.interval
+    level = f"{iv.level:.0%}" if iv else ""
     sp = Table(title=f"speedup vs draft length (α = {p.alpha:.3f}" + (", per position" if p.alphas else "") + ")")
-    for col in ("k", "E(α,k)", "S(k)", ""):
+    for col in ("k", "E(α,k)", "S(k)") + ((f"{level} interval",) if iv else ()) + ("",):
         sp.add_column(col, justify="right")
     for k, (e, s) in enumerate(zip(p.expected_tokens, p.speedups)):
-        sp.add_row(str(k), f"{e:.3f}", f"{s:.3f}", "← k*" if k == p.k_star else "")
+        band = (f"{iv.low[k]:.2f}-{iv.high[k]:.2f}",) if iv else ()
+        sp.add_row(str(k), f"{e:.3f}", f"{s:.3f}", *band, "← k*" if k == p.k_star else "")
     console.print(sp)
     be = "never (not even at α = 1)" if p.break_even_alpha is None else f"α > {p.break_even_alpha:.3f}"
     console.print(f"k* = {p.k_star}, S(k*) = {p.speedup_star:.2f}x · speculation pays for {be} · "
                   f"ceiling at α = 1: {p.ceiling_speedup:.2f}x at k = {p.ceiling_k}")
+    if iv:
+        k = iv.best_k
+        console.print(f"[bold]verdict[/]: speculating at k = {k} is [bold]{iv.verdict}[/] (S = {p.speedups[k]:.2f}x, "
+                      f"{level} interval {iv.low[k]:.2f}-{iv.high[k]:.2f}x; P(gain) = {iv.gain_probability:.0%}) · "
+                      f"k* in {iv.k_star_low}..{iv.k_star_high} ({level})")
     for note in p.notes:
         console.print(f"• {note}")
 
@@ -109,59 +147,81 @@ def plot_plan(p, path: str) -> None:
 
 
 def plan(
-    target: Optional[str] = typer.Option(None, "--target", help="registered name, preset (e.g. llama-3-70b, "
-                                         "qwen2.5-7b, t5-xxl), config.json / HF directory, or .gguf file"),
+    target: Optional[str] = typer.Option(None, "--target", help="preset, Hugging Face id or Ollama name (llama-3-70b, "
+                                         "meta-llama/Meta-Llama-3.1-8B-Instruct, llama3.1:8b), registered model, "
+                                         "config.json / HF directory, or .gguf file"),
     draft: Optional[str] = typer.Option(None, "--draft", help="draft model, same forms as --target"),
     drafter: str = typer.Option("model", "--drafter", help="model or lookup (prompt lookup: no draft model)"),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="catalogue name (h100, a100-80gb, "
-                                           "tpu-v4, rtx4090, ...), a spec 'bw=2039GB/s,flops=312T,mem=80GB,n=2', "
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="catalogue name (m1, m4-max, rtx4090, 7950x, "
+                                           "h100, ...; --list-hardware), a spec 'bw=2039GB/s,flops=312T,mem=80GB,n=2', "
                                            "a name with overrides 'h100,n=2', or local"),
     alpha: Optional[float] = typer.Option(None, "--alpha", help="acceptance rate α in (0, 1)"),
     alpha_from: Optional[str] = typer.Option(None, "--alpha-from", help="analysis.json from `verispec analyze` "
                                              "(per-position α; its target/draft are the defaults)"),
+    metrics_url: Optional[str] = typer.Option(None, "--metrics-url", help="a running vLLM / verispec serve "
+                                              "/metrics page: per-position α of its drafter"),
+    metrics_model: Optional[str] = typer.Option(None, "--metrics-model", help="model_name label to read from "
+                                                "--metrics-url when the server has several"),
     category: str = typer.Option("overall", "--category", help="category of --alpha-from"),
     tau: Optional[float] = typer.Option(None, "--tau", help="mean tokens per target forward (bonus included)"),
     tau_k: Optional[int] = typer.Option(None, "--tau-k", help="draft length --tau was measured at (default --k-max)"),
     context: Optional[int] = typer.Option(None, "--context", help="tokens in the KV cache (default 512)"),
     batch: int = typer.Option(1, "--batch", help="sequences decoded together"),
     k_max: Optional[int] = typer.Option(None, "--k-max", help="largest draft length (default 8)"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="weight dtype: bf16, fp16, fp32, int8, int4, q4_k_m, "
-                                        "... (default: the file's; presets: bf16)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="weight dtype: bf16, fp16, int4, Q4_K_M, Q4_K_L, "
+                                        "IQ4_XS, Q8_0, 4bit (MLX), ... (default: the file's; presets: bf16)"),
     draft_dtype: Optional[str] = typer.Option(None, "--draft-dtype", help="draft dtype (default --dtype)"),
-    stack: Optional[str] = typer.Option(None, "--stack", help="software: compiled (CUDA graphs, XLA, vLLM), eager "
-                                        "(HF transformers on a GPU), eager-cpu, or a stack .json (default: compiled; "
-                                        "eager-cpu for local)"),
+    stack: Optional[str] = typer.Option(None, "--stack", help="software: llamacpp-metal, llamacpp-cuda, llamacpp-cpu, "
+                                        "compiled (vLLM, SGLang, TensorRT-LLM, CUDA graphs), eager (HF transformers), "
+                                        "eager-cpu, or a stack .json (default: what the hardware usually runs)"),
+    level: float = typer.Option(0.8, "--level", help="prediction interval level"),
     calibrate: list[str] = typer.Option([], "--calibrate", help="with --hardware local: registered model(s) whose "
                                         "measured cost curve fits the stack (repeat the flag for several)"),
-    backend: str = typer.Option("llamacpp", "--backend", help="backend --calibrate times: llamacpp or transformers "
-                                "(transformers: models are sized as float32 unless --dtype)"),
-    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    calibrate_clock: str = typer.Option("wall", "--calibrate-clock", help="wall, or thread: one llama.cpp thread "
+                                        "timed in CPU seconds (steady on a busy shared machine)"),
+    backend: str = typer.Option("llamacpp", "--backend", metavar="NAME", help="backend --calibrate times: "
+                                + ", ".join(BACKENDS) + " (transformers: models are sized as float32 unless --dtype)"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan (or the error) as JSON"),
     plot: Optional[str] = typer.Option(None, "--plot", help="write a PNG: cost curve and S(k)"),
+    list_hardware: bool = typer.Option(False, "--list-hardware", help="print the hardware catalogue and exit"),
 ) -> None:
-    """Predict T_t(n), T_d, c, E(α,k), S(k), k*, the break-even α and the ceiling on any hardware."""
+    """Predict T_t(n), T_d, c, E(α,k), S(k) with intervals, k*, the break-even α and the ceiling on any hardware."""
     from .. import plan as planlib
+    from ..plan import server_alpha
 
+    if list_hardware:
+        _print_list_hardware(Console())
+        return
     if hardware is None:
-        fail("--hardware is required (a catalogue name, a spec like 'bw=2039GB/s,flops=312T', or local)")
+        _fail("--hardware is required (a catalogue name such as m4-max or rtx4090, a spec like "
+              "'bw=2039GB/s,flops=312T', or local; --list-hardware shows the catalogue)", as_json)
     if drafter not in ("model", "lookup"):
-        fail(f"--drafter must be model or lookup, got {drafter!r}")
-    if sum(x is not None for x in (alpha, alpha_from, tau)) != 1:
-        fail("give exactly one of --alpha, --alpha-from or --tau")
+        _fail(f"--drafter must be model or lookup, got {drafter!r}", as_json)
+    given = sum(x is not None for x in (alpha, alpha_from, tau, metrics_url))
+    if given == 0:
+        _fail(f"--alpha: missing. {ALPHA_HELP}", as_json)
+    if given > 1:
+        _fail("give one of --alpha, --alpha-from, --tau or --metrics-url", as_json)
     if tau_k is not None and tau is None:
-        fail("--tau-k needs --tau")
+        _fail("--tau-k needs --tau", as_json)
+    if metrics_model is not None and metrics_url is None:
+        _fail("--metrics-model needs --metrics-url", as_json)
     if calibrate and hardware.strip().lower() != "local":
-        fail("--calibrate needs --hardware local (it times models on this machine)")
+        _fail("--calibrate needs --hardware local (it times models on this machine)", as_json)
     if calibrate and stack:
-        fail("give --calibrate or --stack, not both")
-    if backend not in ("llamacpp", "transformers"):
-        fail(f"--backend must be llamacpp or transformers, got {backend!r}")
+        _fail("give --calibrate or --stack, not both", as_json)
+    if backend not in BACKENDS:
+        _fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}", as_json)
     if plot and Path(plot).suffix.lower() != ".png":
-        fail(f"--plot must name a .png file, got {plot!r}")
-    kwargs = dict(batch=batch, dtype=dtype, draft_dtype=draft_dtype)
+        _fail(f"--plot must name a .png file, got {plot!r}", as_json)
+    if not 0.0 < level < 1.0:
+        _fail(f"--level must be in (0, 1), got {level!r}", as_json)
+    kwargs = dict(batch=batch, dtype=dtype, draft_dtype=draft_dtype, level=level)
     if context is not None:
         kwargs["context"] = context
     if k_max is not None:
         kwargs["k_max"] = k_max
+    served = None
     try:
         hw = planlib.parse_hardware(hardware)
         if calibrate:
@@ -170,9 +230,15 @@ def plan(
             if backend == "transformers" and dtype is None:   # the stack was fitted on float32 models
                 kwargs["dtype"] = "float32"
 
+            if calibrate_clock == "thread":
+                from ..plan.local import local_hardware
+
+                hw = local_hardware("thread")
             with err.status(f"timing {', '.join(calibrate)} on {backend} to fit the stack"):
-                stack_obj, _ = fit_local(calibrate, backend, hw)
+                stack_obj, measured = fit_local(calibrate, backend, hw, clock=calibrate_clock)
             err.print(f"fitted stack: {stack_obj}")
+            for name, times in measured["curves"].items():
+                err.print(f"measured {name}: T(n)/T(1) = " + ", ".join(f"{t / times[0]:.3f}" for t in times))
         else:
             stack_obj = stack
         if alpha_from is not None:
@@ -182,18 +248,54 @@ def plan(
                                               stack=stack_obj, **kwargs)
         else:
             if target is None:
-                fail("--target is required (or --alpha-from an analysis.json that names it)")
+                _fail("--target is required (or --alpha-from an analysis.json that names it)", as_json)
             if drafter == "model" and draft is None:
-                fail("--draft is required with --drafter model (or pass --drafter lookup)")
-            result = planlib.plan(target, draft if drafter == "model" else None, hw, alpha=alpha, tau=tau,
-                                  tau_k=tau_k, stack=stack_obj, **kwargs)
+                _fail("--draft is required with --drafter model (or pass --drafter lookup)", as_json)
+            alpha_kw: dict = dict(alpha=alpha, tau=tau, tau_k=tau_k)
+            if metrics_url is not None:
+                served = server_alpha.read_acceptance(server_alpha.fetch_metrics(metrics_url), metrics_model, level)
+                km = kwargs.get("k_max", 8)
+                alpha_kw = dict(alphas=served.alphas(km), alpha_source=f"{metrics_url} ({served.prefix})",
+                                alpha_draws=served.draw(km, 4000))
+            result = planlib.plan(target, draft if drafter == "model" else None, hw, stack=stack_obj,
+                                  **alpha_kw, **kwargs)
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        _fail(str(e), as_json)
+    # the deploy strings name the draft as the user wrote it (a Hugging Face id or a path serves as is)
+    draft_name = None if result.draft is None else (draft or result.draft.name)
+    deploy = {"vllm_speculative_config": server_alpha.vllm_speculative_config(max(result.k_star, 1), draft_name),
+              "llama_server_flags": server_alpha.llama_server_flags(max(result.k_star, 1), draft_name)}
+    if served is not None:
+        result.notes.extend(served.notes)
+        if result.k_max > served.k_server:
+            result.notes.append(f"α beyond the server's k = {served.k_server} is extrapolated (logit-linear trend "
+                                f"or the last position carried forward, with a widening interval)")
     if plot:
         plot_plan(result, plot)
     if as_json:
-        print(json.dumps(result.as_dict(), default=float))
+        out = result.as_dict()
+        out["deploy"] = deploy
+        if served is not None:
+            out["server_acceptance"] = served.as_dict(result.k_max)
+        print(json.dumps(out, default=float))
     else:
-        print_plan(Console(), result)
+        console = Console()
+        if served is not None:
+            _print_served(console, served, result.k_max)
+        print_plan(console, result)
+        if result.k_star > 0:
+            console.print(f"vLLM: --speculative-config '{deploy['vllm_speculative_config']}'")
+            if deploy["llama_server_flags"]:
+                console.print(f"llama-server: {deploy['llama_server_flags']}")
     if plot:
         err.print(f"wrote {plot}")
+
+
+def _print_served(console: Console, served, k_max: int) -> None:
+    table = Table(title=f"α per position read from the server ({served.prefix}; k = {served.k_server} there)")
+    for col in ("position", "α", f"{served.level:.0%} interval", "accepted / trials", ""):
+        table.add_column(col, justify="right")
+    for p in served.extended(k_max):
+        table.add_row(str(p.position), f"{p.alpha:.3f}", f"{p.low:.3f}-{p.high:.3f}",
+                      f"{p.accepted} / {p.trials}" if p.measured else "", "" if p.measured else "extrapolated")
+    console.print(table)

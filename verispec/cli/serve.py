@@ -15,7 +15,8 @@ import threading
 import typer
 
 from ..drafters import SERVE_CACHE_TOKENS
-from .common import BACKEND, BATCH_INVARIANT, DRAFT, DRAFTER, TARGET, build_decoder, err, fail, parse_k
+from .common import (BACKEND, BATCH_INVARIANT, DRAFT, DRAFTER, K_MAX, RULE, TARGET, build_decoder, check_rule, err,
+                     fail, parse_k)
 
 
 def serve(
@@ -26,7 +27,8 @@ def serve(
     backend: str | None = BACKEND,
     drafter: str = DRAFTER,
     k: str = typer.Option("auto", "--k", help="default draft length (requests may set 'k'), or 'auto'"),
-    rule: str = typer.Option("auto", "--rule", help="acceptance rule: auto, standard or gumbel"),
+    rule: str = RULE,
+    k_max: int = K_MAX,
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port (0: any free port)"),
     served_model_name: str | None = typer.Option(None, "--served-model-name",
@@ -50,8 +52,7 @@ def serve(
     from ..serve import bind, create_app, make_server, url_of
 
     k_value = parse_k(k)
-    if rule not in ("auto", "standard", "gumbel"):
-        fail(f"--rule must be auto, standard or gumbel, got {rule!r}")
+    check_rule(rule)
     if api_key is not None and not api_key.strip():
         fail("--api-key is empty")
     try:
@@ -68,7 +69,7 @@ def serve(
         try:
             decoder, used_backend = build_decoder(target, draft, backend, drafter, draft_layers,
                                                   suffix_cache_size=suffix_cache_size,
-                                                  batch_invariant=batch_invariant)
+                                                  batch_invariant=batch_invariant, k_max=k_max)
             if k_value == "auto":    # time this machine's cost curve once, before the first request
                 with err.status("warming up (k=auto times the target's cost curve)"):
                     prompt = [0, 1] if decoder.tokenizer is None else "Hello"

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from ..models.base import CausalLM
 from .automaton import SuffixAutomaton
-from .base import Confidence, Drafter, DraftSampler, point_masses
+from .base import (Confidence, Drafter, DraftSampler, SupportsCalibrate, SupportsCatchup,
+                   SupportsConfidences, point_masses)
 from .lookup import LookupDrafter
 from .model import ModelDrafter
 from .suffix import SERVE_CACHE_TOKENS, SuffixCache, SuffixDrafter
@@ -28,8 +29,13 @@ __all__ = [
     "SuffixAutomaton",
     "SuffixCache",
     "SuffixDrafter",
+    "SupportsCalibrate",
+    "SupportsCatchup",
+    "SupportsConfidences",
     "build_drafters",
     "check_drafter_choice",
+    "drafter_choices",
+    "drafter_names",
     "point_masses",
 ]
 
@@ -65,8 +71,14 @@ DRAFTERS: dict[str, DrafterKind] = {
                           in_auto=False),
 }
 
-#: What `drafter=` accepts: one drafter, every usable one ("auto"), or none (plain decoding).
+#: What `drafter=` accepts: one drafter, every usable one ("auto"), or none (plain decoding)
+#: (as imported; `drafter_choices()` also lists drafters registered since).
 DRAFTER_CHOICES = ("auto", *DRAFTERS, "none")
+
+
+def drafter_choices() -> tuple[str, ...]:
+    """What `drafter=` accepts now: "auto", every name in `DRAFTERS`, "none"."""
+    return ("auto", *DRAFTERS, "none")
 
 
 def check_drafter_choice(choice: str, *, has_draft_model: bool) -> None:
@@ -75,15 +87,29 @@ def check_drafter_choice(choice: str, *, has_draft_model: bool) -> None:
     Raises:
         ValueError: for an unknown name, or a model drafter without a draft model.
     """
-    if choice not in DRAFTER_CHOICES:
-        raise ValueError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}; got {choice!r}")
+    if choice not in drafter_choices():
+        raise ValueError(f"drafter must be one of {', '.join(drafter_choices())}; got {choice!r}")
     if choice in DRAFTERS and DRAFTERS[choice].needs_model and not has_draft_model:
         raise ValueError(f"drafter={choice!r} needs a draft model: pass draft=... (--draft)")
 
 
+def drafter_names(choice: str, *, has_draft_model: bool) -> tuple[str, ...]:
+    """The drafters `choice` uses, in `DRAFTERS` order (the first is a fixed k's drafter):
+    "auto" is every `in_auto` drafter usable with or without a draft model, "none" none.
+
+    Raises:
+        ValueError: as `check_drafter_choice`.
+    """
+    check_drafter_choice(choice, has_draft_model=has_draft_model)
+    if choice == "auto":
+        return tuple(n for n, kind in DRAFTERS.items()
+                     if kind.in_auto and (has_draft_model or not kind.needs_model))
+    return () if choice == "none" else (choice,)
+
+
 def build_drafters(choice: str, draft_model: CausalLM | None, *,
                    suffix_cache: SuffixCache | None = None) -> dict[str, Drafter]:
-    """Fresh drafters for `choice` ("auto": every `in_auto` drafter usable with `draft_model`).
+    """Fresh drafters for `choice` (those `drafter_names` lists).
 
     Args:
         choice: one of `DRAFTER_CHOICES`.
@@ -96,10 +122,5 @@ def build_drafters(choice: str, draft_model: CausalLM | None, *,
     Raises:
         ValueError: as `check_drafter_choice`.
     """
-    check_drafter_choice(choice, has_draft_model=draft_model is not None)
-    if choice == "auto":
-        names = [n for n, kind in DRAFTERS.items()
-                 if kind.in_auto and (not kind.needs_model or draft_model is not None)]
-    else:
-        names = [] if choice == "none" else [choice]
+    names = drafter_names(choice, has_draft_model=draft_model is not None)
     return {n: DRAFTERS[n].make(draft_model, suffix_cache) for n in names}

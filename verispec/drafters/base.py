@@ -10,7 +10,8 @@ step 1). Two kinds exist:
 * a *point-mass* drafter (prompt lookup, suffix decoding) proposes tokens
   deterministically from the context; its q_i is δ_{x_i}, and it returns q = None.
 
-Optional parts of the contract (the adaptive policy uses them when present):
+Optional parts of the contract, each a runtime-checkable protocol below
+(`isinstance(drafter, SupportsConfidences)`; the adaptive policy uses them when present):
 
 * `confidences(context)`: a point-mass drafter's evidence for each token it would
   propose now (`Confidence`: the continuation's empirical frequency, the match
@@ -114,6 +115,7 @@ class Confidence:
         return length, freq
 
 
+@runtime_checkable
 class Drafter(Protocol):
     """Proposes draft tokens with the exact distribution q each was drawn from.
 

@@ -40,6 +40,20 @@ class CausalLM(ABC):
         self.forward_seconds = 0.0
         self.forwards = 0
 
+    @classmethod
+    def open(cls, spec: str, *, fetch_missing: bool = True, **options) -> "CausalLM":
+        """Load a model by registered name, directory, file or hub id
+        (`verispec.api.load_model` calls it with the options its `BACKENDS` line lists).
+
+        Backends override it; this default refuses, for a backend whose models are
+        only built in code.
+
+        Raises:
+            ValueError: naming `spec`.
+        """
+        raise ValueError(f"{cls.__name__} cannot load {spec!r} by name; build the model in code "
+                         "and pass the object instead")
+
     # -- backend hooks -------------------------------------------------
     @abstractmethod
     def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:

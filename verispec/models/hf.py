@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import registry
 from .base import CausalLM, eos_token_ids
 
 
@@ -37,6 +38,18 @@ class HFModel(CausalLM):
         self.eos_token_ids = eos_token_ids(tokenizer, getattr(model, "generation_config", None),
                                            model.config)
         self.cache = DynamicCache(config=config)
+
+    @classmethod
+    def open(cls, spec: str, *, fetch_missing: bool = True, device: str | None = None,
+             num_hidden_layers: int | None = None) -> "HFModel":
+        """`load` the Hugging Face directory `spec` resolves to (`verispec.registry.resolve`).
+
+        Raises:
+            UnknownModelError, FileNotFoundError, ChecksumError: from the registry.
+        """
+        resolved = registry.resolve(spec, fetch_missing=fetch_missing)
+        return cls.load(resolved.hf_path, name=resolved.name, device=device,
+                        num_hidden_layers=num_hidden_layers)
 
     @classmethod
     def load(cls, path: str, *, name: str | None = None, dtype: torch.dtype | None = None,

@@ -25,6 +25,7 @@ import warnings
 import numpy as np
 import torch
 
+from .. import registry
 from .base import CausalLM, eos_token_ids
 
 #: how to get a llama.cpp without llamafile's sgemm (needed for the batch-invariant mode)
@@ -129,6 +130,25 @@ class LlamaCppModel(CausalLM):
                 eos.add(int(im_end))
         self.eos_token_ids = frozenset(eos)
         self._batch = llama._batch
+
+    @classmethod
+    def open(cls, spec: str, *, fetch_missing: bool = True, batch_invariant: bool | None = None,
+             n_threads: int | None = None) -> "LlamaCppModel":
+        """`load` the GGUF file `spec` resolves to (`verispec.registry.resolve` with
+        weights=False: llama.cpp reads the GGUF itself, so no float32 conversion; the
+        tokenizer is the one beside it, or built from the GGUF's metadata).
+
+        Raises:
+            UnknownModelError, FileNotFoundError, ChecksumError: from the registry.
+            ValueError: when `spec` has no GGUF file.
+        """
+        resolved = registry.resolve(spec, fetch_missing=fetch_missing, weights=False)
+        if resolved.gguf_path is None:
+            raise ValueError(f"backend 'llamacpp' needs a GGUF file; {spec!r} has none "
+                             "(use a registered name or a .gguf path)")
+        tokenizer_path = resolved.hf_path if resolved.kind != "gguf_file" or resolved.hf_path else None
+        return cls.load(str(resolved.gguf_path), tokenizer_path=tokenizer_path, name=resolved.name,
+                        batch_invariant=batch_invariant, n_threads=n_threads)
 
     @classmethod
     def load(cls, gguf_path: str, *, tokenizer_path: str | None = None, name: str | None = None,

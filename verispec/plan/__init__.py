@@ -17,29 +17,39 @@ Assumptions, all stated in the rooms that make them:
 * decoding is memory-bound until n·FLOPs-per-token outgrows bandwidth × arithmetic
   intensity; weights are read once per forward, whatever n (:mod:`.roofline`);
 * the software adds a fixed cost per forward and per layer and reaches a fraction of
-  the vendor peaks; these come from separate sources, never from the results the
-  planner is checked against (:mod:`.stacks`), or are fitted on this machine from
-  other models' cost curves (:mod:`.fit`, ``--hardware local --calibrate``);
+  the vendor peaks, in a kernel regime that depends on the rows (llama.cpp's mat-vec
+  kernels up to 8 rows dequantise the weights per row); these come from separate
+  sources (:mod:`.stacks`), from the fit half of published curves
+  (``benchmarks/plan/consumer.csv``; scored on the other half), or are fitted on this
+  machine (:mod:`.fit`, ``--hardware local --calibrate``);
 * acceptance is i.i.d. with rate α (or per position α_i from ``verispec analyze``) and
   does not depend on the hardware; α is the pair's, T is the machine's;
 * the draft runs on the same devices, one forward per draft token; prompt lookup costs 0.
 
-Rooms: :mod:`.shapes` (model sizes: presets, config.json, GGUF), :mod:`.presets`,
-:mod:`.hardware` (catalogue ``hardware.csv`` and ``--hardware`` specs), :mod:`.local`
+Rooms: :mod:`.shapes` (model sizes: config.json, GGUF, dtypes), :mod:`.presets` (well-known
+models by name, HF id or Ollama name), :mod:`.resolve` (``--target``/``--draft`` → sizes),
+:mod:`.device` (one machine), :mod:`.hardware` (catalogue ``hardware.csv`` and ``--hardware``
+specs), :mod:`.local`
 (micro-benchmarks of this machine), :mod:`.roofline` (one forward), :mod:`.stacks`
-(software overheads), :mod:`.fit` (fit a stack to measured curves), :mod:`.planner`
-(the plan), :mod:`.project` (an analysis.json onto other hardware).
+(software overheads and efficiencies per stack; the llama.cpp ones fitted to published
+curves), :mod:`.fit` (fit a stack to measured curves), :mod:`.intervals` (prediction
+intervals of S(k) and k*, the verdict in words), :mod:`.server_alpha` (α per position
+from a running server's /metrics), :mod:`.planner` (the plan), :mod:`.project` (an
+analysis.json onto other hardware). The plan's T_t(n) and T_d are a
+:class:`verispec.theory.CostCurve` (``Plan.cost_curve``): the one cost model, of which a
+stack is a parameterisation.
 """
 
-from .hardware import Hardware, catalogue, parse_hardware
+from .device import Hardware
+from .hardware import catalogue, lookup, parse_hardware
 from .planner import Plan, alpha_from_tau, break_even_alpha, ceiling, plan
 from .presets import PRESETS, get_preset, preset_names
 from .project import load_analysis_alphas, project_analysis
+from .resolve import load_shape
 from .roofline import ForwardTime, Stack, forward_time
 from .shapes import (
     ModelShape,
     dtype_bits,
-    load_shape,
     shape_from_config,
     shape_from_dims,
     shape_from_gguf,
@@ -64,6 +74,7 @@ __all__ = [
     "get_stack",
     "load_analysis_alphas",
     "load_shape",
+    "lookup",
     "parse_hardware",
     "plan",
     "preset_names",

@@ -24,8 +24,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
+from scipy.optimize import least_squares
 
-from .hardware import Hardware
+from .device import Hardware
+from .resolve import load_shape
 from .roofline import Stack, forward_time
 from .shapes import ModelShape
 
@@ -80,17 +82,22 @@ def fit_stack(curves: Sequence[tuple[ModelShape, Sequence[float]]], hardware: Ha
             raise ValueError(f"{shape.name}: measured times must be positive and finite")
     stack, residuals = _fit_continuous(curves, hardware, context, replace(base or Stack(name), name=name), params)
     rms = float(np.sqrt(np.mean(residuals ** 2)))
+    # the scatter that remains, for prediction intervals: of log T(n)/T(1), and of log T
+    ratio_res, start = [], 0
+    for _, times in curves:
+        res = residuals[start:start + len(times)]
+        ratio_res.extend(res[1:] - res[0])
+        start += len(times)
+    ratio_rms = float(np.sqrt(np.mean(np.square(ratio_res)))) if ratio_res else rms
     names = ", ".join(shape.name for shape, _ in curves)
-    return replace(stack, source=f"fitted to {names} on {hardware.name} at context {context}: "
-                                 f"RMS log error {rms:.3f}")
+    return replace(stack, sigma_log_ratio=ratio_rms, sigma_log_time=rms,
+                   source=f"fitted to {names} on {hardware.name} at context {context}: RMS log error {rms:.3f}")
 
 
 def _fit_continuous(curves, hardware: Hardware, context: int, base: Stack,
                     params: Sequence[str]) -> tuple[Stack, np.ndarray]:
     """Least-squares fit of ``params`` from every combination of their starting values;
     returns the best stack and its log residuals."""
-    from scipy.optimize import least_squares
-
     logs = [np.log(np.asarray(times, dtype=float)) for _, times in curves]
 
     def make(x: np.ndarray) -> Stack:
@@ -112,12 +119,15 @@ def _fit_continuous(curves, hardware: Hardware, context: int, base: Stack,
     return make(best.x), best.fun
 
 
-def measure_curve(model, n_max: int = 8, context: int = 200, repeats: int = 5, warmup: int = 1) -> list[float]:
+def measure_curve(model, n_max: int = 8, context: int = 200, repeats: int = 5, warmup: int = 1,
+                  clock=time.perf_counter) -> list[float]:
     """Median seconds of a forward over n = 1..n_max new tokens after ``context`` tokens.
 
     ``model`` is a loaded :class:`verispec.models.base.CausalLM`; timing is
-    :func:`verispec.timing.time_forwards` (repeats interleaved over n, cache rolled back).
+    :func:`verispec.timing.time_forwards` (repeats interleaved over n, cache rolled back)
+    with ``clock`` (seconds).
     """
+    # the backends' base class (torch): loaded only when calibrating
     from ..timing import time_forwards
 
     vocab = max(2, min(model.vocab_size, 30000))
@@ -125,13 +135,18 @@ def measure_curve(model, n_max: int = 8, context: int = 200, repeats: int = 5, w
     model.truncate(0)
     model.forward(ids[:context], keep=1)
     samples = time_forwards(model, [ids[context:context + n] for n in range(1, n_max + 1)],
-                            repeats=repeats, warmup=warmup)
+                            repeats=repeats, warmup=warmup, clock=clock)
     return [float(np.median(s)) for s in samples]
 
 
 def calibrate(models: Sequence[str], backend: str, hardware: Hardware, *, context: int = 200, n_max: int = 8,
-              repeats: int = 5) -> tuple[Stack, dict]:
+              repeats: int = 5, clock: str = "wall") -> tuple[Stack, dict]:
     """Load registered models on ``backend``, measure their curves, fit a stack.
+
+    ``clock="thread"`` (llama.cpp only) runs the models on one thread and times them in
+    that thread's CPU seconds, as ``hardware`` must then have been measured
+    (``local_hardware("thread")``): on a shared machine other processes' load stretches
+    wall-clock times by up to 10x, CPU time hardly.
 
     Returns:
         (stack, {"context": ..., "curves": {model: [seconds, ...]}, "seconds": wall time}).
@@ -139,21 +154,27 @@ def calibrate(models: Sequence[str], backend: str, hardware: Hardware, *, contex
     Raises:
         ValueError: for a model that cannot be loaded or sized, or an unknown backend.
     """
-    from ..api import load_model
-    from .shapes import load_shape
+    from ..api import load_model  # torch and the backends: loaded only when calibrating
 
+    if clock not in ("wall", "thread"):
+        raise ValueError(f"--calibrate-clock must be wall or thread, got {clock!r}")
+    if clock == "thread" and backend != "llamacpp":
+        raise ValueError("--calibrate-clock thread needs --backend llamacpp (one llama.cpp thread computes on the "
+                         "timing thread; torch's intra-op threads would escape the clock)")
+    threads = {"n_threads": 1} if clock == "thread" else {}
+    timer = time.thread_time if clock == "thread" else time.perf_counter
     start = time.perf_counter()
     curves, raw = [], {}
     for name in models:
         shape = load_shape(name, flag="--calibrate")
         if backend == "transformers":
             shape = shape.with_dtype("float32")   # the transformers backend runs float32 on a CPU
-        model = load_model(name, backend=backend, fetch_missing=False)
-        times = measure_curve(model, n_max=n_max, context=context, repeats=repeats)
+        model = load_model(name, backend=backend, fetch_missing=False, **threads)
+        times = measure_curve(model, n_max=n_max, context=context, repeats=repeats, clock=timer)
         del model
         curves.append((shape, times))
         raw[name] = times
     # one model cannot separate per-forward from per-layer costs: fit one overhead then
     params = LOCAL_PARAMS if len(models) > 1 else tuple(p for p in LOCAL_PARAMS if p != "per_layer_s")
     stack = fit_stack(curves, hardware, context=context, name=f"{backend}@local", params=params)
-    return stack, {"context": context, "curves": raw, "seconds": time.perf_counter() - start}
+    return stack, {"context": context, "curves": raw, "clock": clock, "seconds": time.perf_counter() - start}

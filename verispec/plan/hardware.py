@@ -1,16 +1,22 @@
 """Hardware for the planner: a bundled catalogue and a one-line spec for anything else.
 
-A :class:`Hardware` is the roofline's two ceilings per device - memory bandwidth
-(bytes/s) and dense peak FLOP/s - plus device memory, the number of devices a model is
-split over (tensor parallel) and the link bandwidth their all-reduces use.
+A :class:`~verispec.plan.device.Hardware` is the roofline's two ceilings per device -
+memory bandwidth (bytes/s) and peak FLOP/s - plus device memory, the number of devices
+a model is split over (tensor parallel), the link bandwidth their all-reduces use, and
+the kind of processor (GPU, Apple silicon, CPU, TPU) with its widest vector unit.
 
-The catalogue (``hardware.csv`` beside this file) holds vendor figures: dense (no
-sparsity) bf16/fp16 tensor throughput, HBM/GDDR bandwidth, memory, and the
-interconnect (NVLink, TPU ICI, else PCIe) as quoted by the vendor; each row names its
-source. ``--hardware`` accepts:
+The catalogue (``hardware.csv`` beside this file) holds vendor figures, each row with
+its source: datacenter GPUs and TPUs; RTX 30/40/50 cards (bandwidth from memory clock
+and bus width, fp16 tensor throughput with fp32 accumulate = SMs x boost x 512
+FLOP/clock, as NVIDIA's whitepapers tabulate it); Apple M1-M4 base/Pro/Max/Ultra
+(Apple's bandwidth, GPU fp32 TFLOPS); desktop and server CPUs (bandwidth = channels x
+MT/s x 8 bytes, fp32 FMA peak at base clock). ``--hardware`` accepts:
 
-* a catalogue name or alias, case-insensitive (``"H100 SXM5"``, ``h100``, ``a100-80gb``),
-  optionally ``2xh100`` / ``h100x2`` or followed by overrides: ``"h100,n=2"``;
+* a catalogue name or alias, exactly (case, spaces and punctuation ignored):
+  ``"H100 SXM5"``, ``h100``, ``"Apple M1"``, ``m1``, ``m4-max``, ``rtx4090``; optionally
+  ``2xh100`` / ``h100x2`` or followed by overrides: ``"h100,n=2"``. Anything else is an
+  error with "did you mean ..." - never a prefix match (``m1`` is the M1, not the M1
+  Ultra; ``rtx30`` names a family, so it is refused as ambiguous);
 * a spec: ``"bw=2039GB/s,flops=312T,mem=80GB,n=2,link=600GB/s,name=my-box"`` (``bw`` and
   ``flops`` required; plain numbers mean GB/s, TFLOP/s and GB);
 * ``local``: this machine, measured (:func:`verispec.plan.local.local_hardware`).
@@ -19,55 +25,17 @@ source. ``--hardware`` accepts:
 from __future__ import annotations
 
 import csv
+import difflib
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["Hardware", "catalogue", "parse_hardware", "parse_quantity"]
+from .device import Hardware
+from .local import local_hardware
 
-
-@dataclass(frozen=True)
-class Hardware:
-    """Per-device ceilings and the device count.
-
-    Attributes:
-        name: label.
-        bandwidth: memory bandwidth per device, bytes/s (> 0).
-        flops: dense peak FLOP/s per device (bf16/fp16 tensor throughput), or None when
-            unknown (then a plan refuses, asking for ``flops=``).
-        memory: device memory in bytes, or None when unknown (no fit check).
-        n_devices: devices the model is split over (tensor parallel), >= 1.
-        link_bandwidth: interconnect bytes/s per device for all-reduces (None: unknown;
-            only needed when n_devices > 1, then the latency term alone is used).
-        source: where the figures come from.
-    """
-
-    name: str
-    bandwidth: float
-    flops: float | None = None
-    memory: float | None = None
-    n_devices: int = 1
-    link_bandwidth: float | None = None
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.bandwidth, (int, float)) and self.bandwidth > 0):
-            raise ValueError(f"--hardware: bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
-        for field in ("flops", "memory", "link_bandwidth"):
-            value = getattr(self, field)
-            if value is not None and not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(f"--hardware: {field} must be > 0, got {value!r}")
-        if isinstance(self.n_devices, bool) or not isinstance(self.n_devices, int) or self.n_devices < 1:
-            raise ValueError(f"--hardware: n (devices) must be an integer >= 1, got {self.n_devices!r}")
-
-    @property
-    def label(self) -> str:
-        return self.name if self.n_devices == 1 else f"{self.n_devices}x {self.name}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+__all__ = ["Hardware", "catalogue", "lookup", "parse_hardware", "parse_quantity"]
 
 
 _UNITS = {
@@ -105,53 +73,70 @@ def _key(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
+def _rows() -> tuple[dict[str, str], ...]:
+    text = resources.files(__package__).joinpath("hardware.csv").read_text(encoding="utf-8")
+    return tuple(csv.DictReader(text.splitlines()))
+
+
+@lru_cache(maxsize=1)
 def catalogue() -> dict[str, Hardware]:
     """The bundled catalogue: {name: Hardware} (one device each), read from hardware.csv."""
-    text = resources.files(__package__).joinpath("hardware.csv").read_text(encoding="utf-8")
     out: dict[str, Hardware] = {}
-    for row in csv.DictReader(text.splitlines()):
-        flops = row["peak_dense_bf16_tflops"].strip()
+    for row in _rows():
+        flops = row["peak_tflops"].strip()
         link = row["interconnect_gb_s"].strip()
         out[row["name"]] = Hardware(
             name=row["name"], bandwidth=float(row["memory_bandwidth_gb_s"]) * 1e9,
             flops=float(flops) * 1e12 if flops else None,
             memory=float(row["memory_gb"]) * 1e9 if row["memory_gb"].strip() else None,
-            link_bandwidth=float(link) * 1e9 if link else None,
+            link_bandwidth=float(link) * 1e9 if link else None, kind=row["kind"], vector=row["vector"],
             source=row["source"] + (f"; {row['notes']}" if row["notes"].strip() else ""))
     return out
 
 
 @lru_cache(maxsize=1)
 def _aliases() -> dict[str, str]:
-    text = resources.files(__package__).joinpath("hardware.csv").read_text(encoding="utf-8")
-    out = {}
-    for row in csv.DictReader(text.splitlines()):
-        out[_key(row["name"])] = row["name"]
-        for alias in row["aliases"].split(";"):
-            if alias.strip():
-                out[_key(alias)] = row["name"]
+    """{normalised name or alias: catalogue name}; an alias naming two entries is a bug."""
+    out: dict[str, str] = {}
+    for row in _rows():
+        names = [row["name"], *(a for a in row["aliases"].split(";") if a.strip())]
+        if row["name"].startswith("Apple "):
+            names.append(row["name"][len("Apple "):])
+        if row["kind"] == "gpu" and row["name"].startswith("RTX "):
+            names.append("GeForce " + row["name"])
+        for alias in names:
+            key = _key(alias)
+            if out.get(key, row["name"]) != row["name"]:
+                raise RuntimeError(f"hardware.csv: alias {alias!r} names {out[key]} and {row['name']}")
+            out[key] = row["name"]
     return out
 
 
 def lookup(name: str, flag: str = "--hardware") -> Hardware:
-    """A catalogue entry by name or alias (case, spaces and punctuation ignored); a unique
-    prefix of a name also matches.
+    """A catalogue entry by its exact name or alias (case, spaces and punctuation ignored).
+
+    Never a prefix match: ``m1`` is the Apple M1 (an alias), and a family such as
+    ``rtx30`` or ``m3`` followed by nothing it names is an error listing the members.
 
     Raises:
-        ValueError: naming ``flag`` and listing the catalogue when nothing or several match.
+        ValueError: naming ``flag``; "ambiguous" with the entries when ``name`` is the
+            start of several, else "unknown hardware" with "did you mean ..." (close
+            spellings, ``difflib``) and the other ways to describe a machine.
     """
     key = _key(name)
     aliases = _aliases()
     if key in aliases:
         return catalogue()[aliases[key]]
-    hits = sorted({full for alias, full in aliases.items() if key and alias.startswith(key)})
-    if len(hits) == 1:
-        return catalogue()[hits[0]]
-    names = ", ".join(catalogue())
-    if hits:
-        raise ValueError(f"{flag}: {name!r} is ambiguous ({', '.join(hits)}); catalogue: {names}")
-    raise ValueError(f"{flag}: unknown hardware {name!r}; catalogue: {names}; "
-                     f"or write a spec like 'bw=2039GB/s,flops=312T,mem=80GB,n=2', or 'local'")
+    family = sorted({full for alias, full in aliases.items() if key and alias.startswith(key)},
+                    key=list(catalogue()).index)
+    if len(family) > 1:
+        raise ValueError(f"{flag}: {name!r} is ambiguous; did you mean one of: {', '.join(family)}?")
+    close = difflib.get_close_matches(key, list(aliases), n=6, cutoff=0.6)
+    guesses = list(dict.fromkeys(family + [aliases[c] for c in close]))
+    hint = f"did you mean {' or '.join(repr(g) for g in guesses[:4])}? " if guesses else ""
+    raise ValueError(f"{flag}: unknown hardware {name!r}; {hint}Write a catalogue name "
+                     f"(`verispec plan --list-hardware`), a spec like 'bw=2039GB/s,flops=312T,mem=80GB,n=2', "
+                     f"or 'local'")
 
 
 _KEYS = {"bw": "bandwidth", "bandwidth": "bandwidth", "flops": "flops", "peak": "flops",
@@ -172,8 +157,6 @@ def parse_hardware(spec: str | Hardware, flag: str = "--hardware") -> Hardware:
     if not text:
         raise ValueError(f"{flag}: empty hardware spec")
     if text.lower() == "local":
-        from .local import local_hardware
-
         return local_hardware()
     parts = [p.strip() for p in text.split(",") if p.strip()]
     base: Hardware | None = None
@@ -212,7 +195,7 @@ def parse_hardware(spec: str | Hardware, flag: str = "--hardware") -> Hardware:
     missing = [k for k, f in (("bw", "bandwidth"), ("flops", "flops")) if f not in fields]
     if missing:
         raise ValueError(f"{flag}: a spec needs {' and '.join(missing)} (e.g. 'bw=2039GB/s,flops=312T'), "
-                         f"or name a catalogue entry: {', '.join(catalogue())}")
+                         "or name a catalogue entry (`verispec plan --list-hardware`)")
     fields.setdefault("name", "custom")
     fields.setdefault("source", f"{flag} {text}")
     return Hardware(**fields)

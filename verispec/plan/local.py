@@ -20,7 +20,7 @@ import platform
 import time
 from functools import lru_cache
 
-from .hardware import Hardware
+from .device import Hardware
 
 __all__ = ["local_hardware", "measure_bandwidth", "measure_flops", "physical_memory"]
 
@@ -66,6 +66,20 @@ def physical_memory() -> float | None:
         return None
 
 
+def _cpu_vector() -> str:
+    """The widest SIMD extension /proc/cpuinfo lists ("avx512", "avx2", "neon"), or ""."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith(("flags", "Features"))), [])
+    except OSError:
+        flags = []
+    for flag, name in (("avx512f", "avx512"), ("avx2", "avx2"), ("asimd", "neon"), ("neon", "neon")):
+        if flag in flags:
+            return name
+    return "neon" if platform.machine() in ("arm64", "aarch64") else ""
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -77,14 +91,36 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-@lru_cache(maxsize=1)
-def local_hardware() -> Hardware:
-    """This machine as a Hardware (one device), measured once per process."""
+CLOCKS = ("wall", "thread")
+
+
+@lru_cache(maxsize=2)
+def local_hardware(clock: str = "wall") -> Hardware:
+    """This machine as a Hardware (one device), measured once per process and clock.
+
+    ``clock="wall"``: wall-clock seconds with all of torch's threads (what the machine
+    gives when idle). ``clock="thread"``: one thread, timed in that thread's CPU seconds
+    (``time.thread_time``), which other processes' load does not stretch - the ceilings
+    of a one-thread machine, for ``--calibrate-clock thread`` on a shared computer.
+
+    Raises:
+        ValueError: naming ``--calibrate-clock`` for another clock.
+    """
     import torch
 
-    bw = measure_bandwidth()
-    flops = measure_flops()
-    name = f"local ({_cpu_name()}, {torch.get_num_threads()} threads)"
-    return Hardware(name=name, bandwidth=bw, flops=flops, memory=physical_memory(), n_devices=1,
-                    source=f"measured {time.strftime('%Y-%m-%d %H:%M')}: torch.sum over 1 GiB float32, "
+    if clock not in CLOCKS:
+        raise ValueError(f"--calibrate-clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    threads = torch.get_num_threads()
+    if clock == "thread":
+        torch.set_num_threads(1)
+    try:
+        timer = time.thread_time if clock == "thread" else time.perf_counter
+        bw = measure_bandwidth(clock=timer)
+        flops = measure_flops(clock=timer)
+    finally:
+        torch.set_num_threads(threads)
+    label = "1 thread, CPU time" if clock == "thread" else f"{threads} threads"
+    return Hardware(name=f"local ({_cpu_name()}, {label})", bandwidth=bw, flops=flops, memory=physical_memory(),
+                    n_devices=1, kind="cpu", vector=_cpu_vector(),
+                    source=f"measured {time.strftime('%Y-%m-%d %H:%M')} ({label}): torch.sum over 1 GiB float32, "
                            f"torch.mm 1024^3 float32, best of 5")

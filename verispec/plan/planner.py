@@ -20,10 +20,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..theory import CostCurve, expected_tokens, expected_tokens_positional
-from .hardware import Hardware, parse_hardware
+from .device import Hardware
+from .hardware import parse_hardware
+from .intervals import PlanInterval, speedup_interval
+from .resolve import load_shape
 from .roofline import ForwardTime, Stack, forward_time
-from .shapes import ModelShape, load_shape
-from .stacks import get_stack
+from .shapes import ModelShape
+from .stacks import default_stack, get_stack
 
 __all__ = ["Plan", "alpha_from_tau", "break_even_alpha", "ceiling", "plan"]
 
@@ -47,6 +50,8 @@ class Plan:
         k_star, speedup_star: the best k and S(k*) (k* = 0: plain decoding).
         break_even_alpha: smallest α at which speculation pays (None: never, even at α=1).
         ceiling_k, ceiling_speedup: the best k and S at α = 1.
+        interval: the 80 % (``level``) prediction intervals of S(k) and k*, and the
+            verdict in words (:mod:`verispec.plan.intervals`).
         notes: plain-language remarks.
     """
 
@@ -72,6 +77,7 @@ class Plan:
     break_even_alpha: float | None
     ceiling_k: int
     ceiling_speedup: float
+    interval: PlanInterval | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -170,7 +176,7 @@ def plan(target: str | ModelShape, draft: str | ModelShape | None, hardware: str
          alpha: float | None = None, alphas: Sequence[float] | None = None, tau: float | None = None,
          tau_k: int | None = None, context: int = 512, batch: int = 1, k_max: int = 8,
          dtype: str | None = None, draft_dtype: str | None = None, stack: str | Stack | None = None,
-         alpha_source: str | None = None) -> Plan:
+         alpha_source: str | None = None, alpha_draws=None, level: float = 0.8) -> Plan:
     """Predict T_t(n), T_d, c, E(α, k), S(k), k*, the break-even α and the ceiling.
 
     Args:
@@ -187,9 +193,12 @@ def plan(target: str | ModelShape, draft: str | ModelShape | None, hardware: str
         batch: sequences decoded together (>= 1).
         k_max: largest draft length considered (1..64).
         dtype, draft_dtype: override the stored dtype (``draft_dtype`` defaults to ``dtype``).
-        stack: software stack name / file / Stack (default "compiled"; "eager-cpu" on
-            ``local`` hardware).
+        stack: software stack name / file / Stack (default: the machine's usual stack,
+            :func:`verispec.plan.stacks.default_stack`).
         alpha_source: label recorded in the plan.
+        alpha_draws: optional samples of α_1..α_{k_max}, shape (draws, k_max), e.g. from
+            :meth:`verispec.plan.server_alpha.ServerAcceptance.draw`, for the interval.
+        level: interval level (default 0.8).
 
     Returns:
         Plan.
@@ -223,8 +232,7 @@ def plan(target: str | ModelShape, draft: str | ModelShape | None, hardware: str
         a = sum(per_position) / len(per_position)
         source = alpha_source or "per-position α"
     hw = parse_hardware(hardware)
-    local = hw.name.startswith("local")
-    st = get_stack(stack, default="eager-cpu" if local else "compiled")
+    st = get_stack(stack, default=default_stack(hw))
     t_shape = load_shape(target, dtype=dtype, flag="--target")
     d_shape = None if draft is None else load_shape(draft, dtype=draft_dtype or dtype, flag="--draft",
                                                     dtype_flag="--draft-dtype" if draft_dtype else "--dtype")
@@ -244,12 +252,18 @@ def plan(target: str | ModelShape, draft: str | ModelShape | None, hardware: str
     k_star, s_star = curve.optimal_k(spec, k_max)
     ck, cs = ceiling(curve, k_max)
     be = break_even_alpha(curve, k_max)
+    ratios = [t / times[0] for t in times]
+    interval = speedup_interval(ratios, curve.constant_c(), k_max, alpha=None if per_position else a,
+                                alphas=per_position, alpha_draws=alpha_draws, sigma_ratio=st.sigma_log_ratio,
+                                sigma_time=st.sigma_log_time if d_shape is not None else 0.0, level=level)
     notes = _notes(forwards, d_forward, curve, k_star, be, a)
+    if st.sigma_log_ratio == 0.0:
+        notes.append(f"stack {st.name} has no fitted scatter: the interval covers α only")
     return Plan(target=t_shape, draft=d_shape, hardware=hw, stack=st, alpha=a, alphas=per_position,
                 alpha_source=source, context=context, batch=batch, k_max=k_max, target_forwards=forwards,
                 draft_forward=d_forward, target_times=times, draft_time=t_d, c=curve.constant_c(),
                 expected_tokens=es, speedups=speedups, k_star=k_star, speedup_star=s_star,
-                break_even_alpha=be, ceiling_k=ck, ceiling_speedup=cs, notes=notes)
+                break_even_alpha=be, ceiling_k=ck, ceiling_speedup=cs, interval=interval, notes=notes)
 
 
 def _notes(forwards: list[ForwardTime], draft: ForwardTime | None, curve: CostCurve, k_star: int,

@@ -15,11 +15,12 @@ all resolve.
 
 from __future__ import annotations
 
+import difflib
 import re
 
 from .shapes import ModelShape, shape_from_dims
 
-__all__ = ["PRESETS", "get_preset", "preset_config", "preset_names"]
+__all__ = ["PRESETS", "close_presets", "get_preset", "preset_config", "preset_names"]
 
 _L2 = dict(vocab=32000)
 _L3 = dict(vocab=128256)
@@ -76,16 +77,46 @@ _ALIASES = {
     "chinchilla": "chinchilla-70b", "chinchilla-4b": "chinchilla-draft-4b", "chinchilla-draft": "chinchilla-draft-4b",
     "llama-3.1-8b": "llama-3-8b", "llama-3.1-70b": "llama-3-70b", "llama-3.3-70b": "llama-3-70b",
     "meta-llama-3-8b": "llama-3-8b", "meta-llama-3-70b": "llama-3-70b", "llama-68m": "vicuna-68m",
-    "t5-3b": "t5-xl", "t5-11b": "t5-xxl",
+    "t5-3b": "t5-xl", "t5-11b": "t5-xxl", "qwen2-7b": "qwen2.5-7b",   # Qwen2-7B: Qwen2.5-7B's sizes
 }
 
 
+# suffixes that name a fine-tune or packaging of the same sizes
+_SUFFIXES = ("-hf", "-chat", "-instruct", "-it", "-base-model", "-v1.1", "-v1.3", "-v1.5", "-latest",
+             "-gguf", "-mlx", "-4bit", "-8bit", "-6bit", "-awq", "-gptq", "-fp16", "-bf16")
+# Ollama's default tags (the size `ollama pull NAME` fetches without one): ollama.com/library
+_OLLAMA_DEFAULT = {"llama2": "llama-2-7b", "llama3": "llama-3-8b", "llama3.1": "llama-3-8b",
+                   "llama3.2": "llama-3.2-3b", "llama3.3": "llama-3-70b", "qwen2.5": "qwen2.5-7b",
+                   "qwen2.5-coder": "qwen2.5-7b", "vicuna": "vicuna-7b"}
+
+
 def _normalise(name: str) -> str:
+    """A model name as a preset key.
+
+    Accepts Hugging Face ids (``meta-llama/Meta-Llama-3.1-8B-Instruct``,
+    ``Qwen/Qwen2.5-Coder-7B-Instruct``, ``mlx-community/Qwen2.5-72B-Instruct-4bit``),
+    Ollama names (``llama3.1:8b``, ``llama3-8b``, ``qwen2.5:0.5b``, ``llama3`` for its
+    default tag) and the paper spellings (``T5-XXL v1.1``): organisation, ``meta-``,
+    fine-tune and packaging suffixes and quantisation tags (``-q4_k_m``) are dropped, and
+    ``llama3`` becomes ``llama-3``.
+    """
     key = name.strip().lower().split("/")[-1]
-    key = re.sub(r"[\s_]+", "-", key)
-    for suffix in ("-hf", "-chat", "-instruct", "-it", "-v1.1", "-v1-1", "-v1.3", "-v1.5", "-base-model"):
-        key = key.replace(suffix, "") if key.endswith(suffix) or f"{suffix}-" in key else key
+    key = re.sub(r"[\s_:]+", "-", key)
+    key = re.sub(r"-(i?q\d[-\w]*|f16|f32|bf16)$", "", key)                  # Ollama/GGUF quant tags
+    if key in _OLLAMA_DEFAULT:
+        return _OLLAMA_DEFAULT[key]
+    key = re.sub(r"^meta-", "", key)
+    changed = True
+    while changed:
+        changed = False
+        for suffix in _SUFFIXES:
+            if key.endswith(suffix):
+                key, changed = key[: -len(suffix)], True
+    key = re.sub(r"(\d+(\.\d+)?[bm])-base$", r"\1", key)                    # Qwen2.5-7B-Base, not t5-base
     key = key.replace("-coder", "").replace("t5-v1-1-", "t5-").replace("t5-v1.1-", "t5-")
+    key = re.sub(r"^(llama|vicuna)(\d)", r"\1-\2", key)                   # llama3 → llama-3
+    key = re.sub(r"^deepseek-r1-distill-(qwen|llama)-", r"\1-", key)        # same sizes as the base
+    key = re.sub(r"^qwen-(\d)", r"qwen2.5-\1", key) if key.startswith("qwen-") else key
     return _ALIASES.get(key, key)
 
 
@@ -94,8 +125,13 @@ def preset_names() -> list[str]:
     return list(_TABLE)
 
 
+def close_presets(name: str, n: int = 3) -> list[str]:
+    """Preset names spelled like ``name`` (``difflib``), for "did you mean ..."."""
+    return difflib.get_close_matches(_normalise(name), list(_TABLE), n=n, cutoff=0.6)
+
+
 def get_preset(name: str, dtype: str = "bf16") -> ModelShape | None:
-    """The preset called ``name`` (aliases and suffixes allowed, see the module doc), or None."""
+    """The preset called ``name`` (HF ids, Ollama names, aliases: see :func:`_normalise`), or None."""
     key = _normalise(name)
     if key not in _TABLE:
         return None

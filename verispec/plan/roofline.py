@@ -17,6 +17,11 @@ N ways; Shoeybi et al. 2019):
                                                           asynchronously, so host time and
                                                           device time overlap)
 
+The compute term runs at ``e_flops`` of peak, or, for forwards of at most
+``small_batch_rows`` rows, at the stack's small-batch efficiency: the kernel regime of
+llama.cpp's mat-vec kernels, which dequantise every weight block once per row (the
+reason a 5-token verification on an Apple GPU can cost twice one token).
+
 FLOPs(n, L, B) ≈ B · (2 · decode_params · n + attention), see
 :meth:`verispec.plan.shapes.ModelShape.flops`. The all-reduce term is a ring all-reduce
 (two per layer: after attention and after the MLP) whose payload is n·B·d_model
@@ -36,7 +41,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .hardware import Hardware
+from .device import Hardware
 from .shapes import ModelShape
 
 __all__ = ["ForwardTime", "Stack", "forward_time"]
@@ -60,6 +65,14 @@ class Stack:
         overlap: how far weight reads and arithmetic overlap, in [0, 1]: 1 is the pure
             roofline max(memory, compute) (GPUs: separate memory system and tensor
             cores); 0 is their sum. Only fitted stacks (:mod:`verispec.plan.fit`) use < 1.
+        small_batch_rows: forwards of up to this many rows run the stack's mat-vec
+            kernels (llama.cpp: MMVQ on CUDA, mul_mv_ext on Metal, both <= 8 rows), which
+            dequantise the weights once per row; 0: one kernel regime for every n.
+        small_batch_compute_efficiency: fraction of peak FLOP/s those kernels reach
+            (0: the same as ``compute_efficiency``).
+        sigma_log_ratio: fitted scatter (standard deviation of the log error) of
+            T(n)/T(1) on the stack's fit set; 0 when not fitted (no interval then).
+        sigma_log_time: the same for absolute T(1) (so for c = T_d / T_t(1)).
         source: where the numbers come from.
     """
 
@@ -71,12 +84,16 @@ class Stack:
     allreduce_latency_s: float = 0.0
     overhead_overlaps: bool = False
     overlap: float = 1.0
+    small_batch_rows: int = 0
+    small_batch_compute_efficiency: float = 0.0
+    sigma_log_ratio: float = 0.0
+    sigma_log_time: float = 0.0
     source: str = ""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.overlap, (int, float)) and 0.0 <= self.overlap <= 1.0):
             raise ValueError(f"stack {self.name}: overlap must be in [0, 1], got {self.overlap!r}")
-        for field in ("per_forward_s", "per_layer_s", "allreduce_latency_s"):
+        for field in ("per_forward_s", "per_layer_s", "allreduce_latency_s", "sigma_log_ratio", "sigma_log_time"):
             value = getattr(self, field)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"stack {self.name}: {field} must be >= 0 seconds, got {value!r}")
@@ -84,6 +101,18 @@ class Stack:
             value = getattr(self, field)
             if not (isinstance(value, (int, float)) and 0 < value <= 1.5):
                 raise ValueError(f"stack {self.name}: {field} must be in (0, 1.5], got {value!r}")
+        if not 0.0 <= self.small_batch_compute_efficiency <= 1.5:
+            raise ValueError(f"stack {self.name}: small_batch_compute_efficiency must be in [0, 1.5], "
+                             f"got {self.small_batch_compute_efficiency!r}")
+        if isinstance(self.small_batch_rows, bool) or not isinstance(self.small_batch_rows, int) \
+                or self.small_batch_rows < 0:
+            raise ValueError(f"stack {self.name}: small_batch_rows must be an integer >= 0, got {self.small_batch_rows!r}")
+
+    def compute_efficiency_at(self, n: int) -> float:
+        """The fraction of peak FLOP/s a forward over ``n`` rows reaches (its kernel regime)."""
+        if n <= self.small_batch_rows and self.small_batch_compute_efficiency > 0:
+            return self.small_batch_compute_efficiency
+        return self.compute_efficiency
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,13 +167,14 @@ def forward_time(shape: ModelShape, hardware: Hardware, stack: Stack, n: int, co
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     if hardware.flops is None:
-        raise ValueError(f"--hardware: {hardware.name} has no peak FLOP/s; add flops=..., "
-                         f"e.g. '{hardware.name},flops=30T'")
+        raise ValueError(f"--hardware: {hardware.name} has no published peak FLOP/s; add the vendor's "
+                         f"figure as '{hardware.name},flops=<TFLOP/s>'")
     devices = hardware.n_devices
     kv_tokens = context * (2 if shape.cross_attention else 1)
     bytes_read = shape.weight_bytes + batch * kv_tokens * shape.kv_bytes_per_token()
     memory_s = bytes_read / devices / (hardware.bandwidth * stack.bandwidth_efficiency)
-    compute_s = shape.flops(n, context, batch) / devices / (hardware.flops * stack.compute_efficiency)
+    rows = n * batch    # the weight matrices see n·batch rows, whatever sequence they belong to
+    compute_s = shape.flops(n, context, batch) / devices / (hardware.flops * stack.compute_efficiency_at(rows))
     comm_s = 0.0
     if devices > 1:
         payload = n * batch * shape.d_model * shape.kv_bits / 8.0

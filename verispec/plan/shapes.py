@@ -21,6 +21,7 @@ would need the active-expert count and routing).
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -29,47 +30,85 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .gguf_header import read_gguf_header
+
 __all__ = [
     "DTYPE_BITS",
     "ModelShape",
     "dtype_bits",
-    "load_shape",
+    "head_bits",
     "shape_from_config",
     "shape_from_dims",
     "shape_from_gguf",
 ]
 
-# Bits per weight as stored (block scales included). GGUF block types: bytes per block
-# × 8 / weights per block, from ggml's type table (Q4_0: 18 bytes / 32 weights = 4.5;
-# Q4_K: 144 / 256 = 4.5; Q6_K: 210 / 256 = 6.5625; Q8_0: 34 / 32 = 8.5). The "_M"/"_S"
-# mixtures are llama.cpp's averages over a 7B Llama (file size × 8 / parameters, from
-# `llama-quantize`'s table). "int4"/"int8": weight-only quantisation with one 16-bit
-# scale per group of 32 (int4) or per output row (int8, ≈ 8 bits).
+# Bits per weight as stored (block scales included).
+# * Single block types: bytes per block x 8 / weights per block, from ggml's type table
+#   (Q8_0: 34 / 32 = 8.5; Q4_0: 18 / 32 = 4.5).
+# * llama.cpp's named mixes (Q4_K_M, Q5_K_S, ...): the whole-file average that
+#   `llama-quantize --help` prints for Llama-3-8B (e.g. "Q4_K_M : 4.58G"), GiB x 2^33 bits
+#   / 8.03e9 parameters; the IQ types as it prints them ("IQ4_XS : 4.25 bpw").
+# * bartowski's "_L"/"_XL" files (Q4_K_L = Q4_K_M with Q8_0 embeddings and output head,
+#   as his model cards say): the base mix for the layers, 8.5 bits for the head
+#   (:data:`HEAD_BITS`).
+# * MLX "4bit"/"8bit"...: mlx.core.quantize's default group of 64 with an fp16 scale and
+#   bias per group: bits + 32/64.
+# * "int4"/"int8": weight-only quantisation with one 16-bit scale per group of 32 (int4)
+#   or per output row (int8, about 8 bits).
+_LLAMA3_8B = 8.03e9
+
+
+def _gib(size: float) -> float:
+    return round(size * 2**33 / _LLAMA3_8B, 2)
+
+
 DTYPE_BITS: dict[str, float] = {
     "float32": 32, "fp32": 32, "f32": 32,
     "bfloat16": 16, "bf16": 16, "float16": 16, "fp16": 16, "f16": 16, "half": 16,
-    "fp8": 8, "float8": 8, "int8": 8, "q8_0": 8.5,
-    "int4": 4.5, "q4_0": 4.5, "q4_1": 5.0, "q5_0": 5.5, "q5_1": 6.0,
-    "q2_k": 2.96, "q3_k_s": 3.5, "q3_k_m": 3.91, "q3_k_l": 4.27, "q4_k_s": 4.58, "q4_k_m": 4.85,
-    "q5_k_s": 5.54, "q5_k_m": 5.69, "q6_k": 6.56,
+    "fp8": 8, "float8": 8, "int8": 8, "int4": 4.5,
+    "q8_0": 8.5, "q4_0": _gib(4.34), "q4_1": _gib(4.78), "q5_0": _gib(5.21), "q5_1": _gib(5.65),
+    "q2_k": _gib(2.96), "q2_k_s": _gib(2.96), "q3_k_s": _gib(3.41), "q3_k_m": _gib(3.74), "q3_k": _gib(3.74),
+    "q3_k_l": _gib(4.03), "q4_k_s": _gib(4.37), "q4_k_m": _gib(4.58), "q4_k": _gib(4.58),
+    "q5_k_s": _gib(5.21), "q5_k_m": _gib(5.33), "q5_k": _gib(5.33), "q6_k": _gib(6.14),
+    "iq1_s": 1.56, "iq1_m": 1.75, "tq1_0": 1.69, "tq2_0": 2.06, "iq2_xxs": 2.06, "iq2_xs": 2.31, "iq2_s": 2.5,
+    "iq2_m": 2.7, "iq3_xxs": 3.06, "iq3_xs": 3.3, "iq3_s": 3.44, "iq3_m": 3.66, "iq4_nl": 4.5, "iq4_xs": 4.25,
+    "3bit": 3.5, "4bit": 4.5, "6bit": 6.5, "8bit": 8.5,
 }
+# bartowski's "_L" / "_XL": the base mix's layers with a Q8_0 output head
+_L_VARIANTS = {"q2_k_l": "q2_k", "q3_k_xl": "q3_k_l", "q4_k_l": "q4_k_m", "q5_k_l": "q5_k_m", "q6_k_l": "q6_k"}
+DTYPE_BITS.update({name: DTYPE_BITS[base] for name, base in _L_VARIANTS.items()})
+HEAD_BITS: dict[str, float] = {name: 8.5 for name in _L_VARIANTS}
 # decoder-only families whose MLP is up/down only (2·d·d_ff); the rest are gated (3·d·d_ff)
 _UNGATED = ("gpt2", "opt", "gpt_neox", "gptj", "bloom", "falcon", "phi", "starcoder2", "gpt_bigcode")
-_DTYPE_ALIASES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+_DTYPE_ALIASES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16",
+                  "mostly_q4_k_m": "q4_k_m", "q4": "4bit", "q8": "8bit"}
+
+
+def _dtype_key(dtype: str) -> str:
+    key = str(dtype).strip().lower().replace("-", "_")
+    key = key.removeprefix("mostly_")
+    return _DTYPE_ALIASES.get(key, key)
 
 
 def dtype_bits(dtype: str, name: str = "dtype") -> float:
-    """Bits per stored weight for a dtype / quantisation name (case-insensitive).
+    """Bits per stored weight for a dtype / quantisation name (case-insensitive: Q4_K_M,
+    IQ4_XS, Q4_K_L, bf16, MLX 4bit, ...; see :data:`DTYPE_BITS` for the sources).
 
     Raises:
-        ValueError: naming ``name`` and listing the known dtypes when ``dtype`` is unknown.
+        ValueError: naming ``name``, with the closest known names, when ``dtype`` is unknown.
     """
-    key = str(dtype).strip().lower().replace("-", "_")
-    key = _DTYPE_ALIASES.get(key, key)
+    key = _dtype_key(dtype)
     if key not in DTYPE_BITS:
+        close = difflib.get_close_matches(key, list(DTYPE_BITS), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(c.upper() if c[0] in 'qit' else c for c in close)}? " if close else ""
         known = ", ".join(sorted(DTYPE_BITS))
-        raise ValueError(f"{name}: unknown dtype {dtype!r}; known: {known}")
+        raise ValueError(f"{name}: unknown dtype {dtype!r}; {hint}known: {known}")
     return float(DTYPE_BITS[key])
+
+
+def head_bits(dtype: str) -> float | None:
+    """Bits of the output head when a dtype stores it apart (bartowski's Q4_K_L...), else None."""
+    return HEAD_BITS.get(_dtype_key(dtype))
 
 
 def _kv_bits(weight_dtype: str) -> float:
@@ -95,6 +134,8 @@ class ModelShape:
         kv_bits: bits per cached key/value element.
         cross_attention: encoder-decoder model whose decoder layers also attend to the
             encoder output (its keys/values are cached, read like a KV cache).
+        head_params: weights of the output head (vocab x d_model; 0 when unknown), for
+            dtypes that store the head apart (:data:`HEAD_BITS`).
         source: where the numbers came from.
     """
 
@@ -111,6 +152,7 @@ class ModelShape:
     dtype: str
     kv_bits: float = 16.0
     cross_attention: bool = False
+    head_params: float = 0.0
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -153,8 +195,9 @@ class ModelShape:
             ValueError: naming ``dtype`` when it is unknown.
         """
         bits = dtype_bits(dtype)
-        return replace(self, weight_bytes=self.decode_params * bits / 8.0,
-                       memory_bytes=self.total_params * bits / 8.0, dtype=str(dtype),
+        extra = (head_bits(dtype) or bits) - bits      # a head stored wider than the layers
+        return replace(self, weight_bytes=(self.decode_params * bits + self.head_params * extra) / 8.0,
+                       memory_bytes=(self.total_params * bits + self.head_params * extra) / 8.0, dtype=str(dtype),
                        kv_bits=_kv_bits(dtype))
 
     def as_dict(self) -> dict[str, Any]:
@@ -186,12 +229,11 @@ def shape_from_dims(name: str, *, n_layers: int, d_model: int, n_heads: int, d_f
     head = vocab * d_model
     decode_params = float(decoder + head)
     total = float(decode_params + (0 if tied else head) + encoder_layers * (attn + mlp))
-    bits = dtype_bits(dtype)
-    return ModelShape(name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-                      n_kv_heads=n_kv_heads, head_dim=head_dim, decode_params=decode_params,
-                      total_params=total, weight_bytes=decode_params * bits / 8.0,
-                      memory_bytes=total * bits / 8.0, dtype=str(dtype), kv_bits=_kv_bits(dtype),
-                      cross_attention=encoder_layers > 0, source=source)
+    shape = ModelShape(name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                       n_kv_heads=n_kv_heads, head_dim=head_dim, decode_params=decode_params,
+                       total_params=total, weight_bytes=decode_params * 2.0, memory_bytes=total * 2.0,
+                       dtype="bf16", cross_attention=encoder_layers > 0, head_params=float(head), source=source)
+    return shape.with_dtype(dtype)
 
 
 def _config_dtype(cfg: Mapping[str, Any]) -> str | None:
@@ -282,9 +324,8 @@ def shape_from_gguf(path: str | os.PathLike, name: str | None = None, dtype: str
         ValueError: when the file is not a readable GGUF, lacks a needed key, or is a
             mixture of experts (``{arch}.expert_count`` > 0).
     """
+    # the optional GGUF reader, imported only for a .gguf
     from gguf import LlamaFileType
-
-    from .gguf_header import read_gguf_header
 
     path = Path(path).expanduser()
     if not path.is_file():
@@ -313,13 +354,15 @@ def shape_from_gguf(path: str | os.PathLike, name: str | None = None, dtype: str
     head_dim = int(key("attention.key_length", d_model // heads))
     names = {t[0] for t in tensors}
     head_name = "output.weight" if "output.weight" in names else "token_embd.weight"
-    decode_params = weight_bytes = memory = total = 0.0
+    decode_params = weight_bytes = memory = total = head = 0.0
     for t_name, elements, nbytes in tensors:
         memory += nbytes
         total += elements
         if t_name.startswith("blk.") or t_name == head_name:
             decode_params += elements
             weight_bytes += nbytes
+        if t_name == head_name:
+            head = float(elements)
     file_type = fields.get("general.file_type")
     try:
         label = LlamaFileType(int(file_type)).name if file_type is not None else "gguf"
@@ -329,56 +372,6 @@ def shape_from_gguf(path: str | os.PathLike, name: str | None = None, dtype: str
     shape = ModelShape(name=name, n_layers=layers, d_model=d_model, n_heads=heads, n_kv_heads=kv,
                        head_dim=head_dim, decode_params=decode_params, total_params=total,
                        weight_bytes=weight_bytes, memory_bytes=memory, dtype=label, kv_bits=16.0,
-                       source=str(path))
+                       head_params=head, source=str(path))
     return shape.with_dtype(dtype) if dtype else shape
 
-
-def load_shape(spec: str | os.PathLike | ModelShape, dtype: str | None = None,
-               flag: str = "--target", dtype_flag: str = "--dtype") -> ModelShape:
-    """Resolve a model spec: a :class:`ModelShape`, a registered name, a config.json /
-    HF directory or a .gguf file (anything path-like), or a preset (tried in that order).
-
-    A registered verispec model is read from its GGUF when fetched, else from its
-    converted directory's config.json. ``dtype`` overrides the stored dtype.
-
-    Raises:
-        ValueError: naming ``dtype_flag`` for an unknown dtype, or ``flag`` when the spec
-            is none of those (listing the presets), a registered model is not fetched, or a
-            file cannot be parsed.
-    """
-    from .. import registry
-    from . import presets
-
-    if dtype is not None:
-        dtype_bits(dtype, name=dtype_flag)   # an unknown dtype is the dtype flag's fault, not the model's
-    if isinstance(spec, ModelShape):
-        return spec.with_dtype(dtype) if dtype else spec
-    text = str(spec).strip()
-    if not text:
-        raise ValueError(f"{flag}: empty model name")
-    try:
-        if text in registry.REGISTRY:
-            gguf = registry.gguf_path(text)
-            if gguf.exists():
-                return shape_from_gguf(gguf, name=text, dtype=dtype)
-            hf = registry.hf_dir(text)
-            if (hf / "config.json").is_file():
-                return shape_from_config(hf, name=text, dtype=dtype)
-            raise ValueError(f"registered model {text!r} is not fetched; run `verispec models fetch {text}` "
-                             f"or use a preset (e.g. qwen2.5-1.5b)")
-        path = Path(text).expanduser()
-        looks_like_path = (path.exists() or text.startswith(("/", ".", "~"))
-                           or path.suffix.lower() in (".gguf", ".json"))
-        if not looks_like_path:
-            preset = presets.get_preset(text)
-            if preset is not None:
-                return preset.with_dtype(dtype) if dtype else preset
-        elif path.suffix.lower() == ".gguf":
-            return shape_from_gguf(path, dtype=dtype)
-        else:
-            return shape_from_config(path, dtype=dtype)
-    except (ValueError, FileNotFoundError) as e:
-        message = str(e)
-        raise ValueError(message if message.startswith("--") else f"{flag}: {message}") from e
-    raise ValueError(f"{flag}: unknown model {text!r}: not a preset, a registered model, a config.json / "
-                     f"model directory or a .gguf file. Presets: {', '.join(presets.preset_names())}")

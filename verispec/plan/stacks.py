@@ -31,18 +31,32 @@ No constant here was fitted to the published speedups the planner is validated a
     T = roofline + overhead; efficiencies 1 because ``--hardware local`` measures attained
     (not vendor) bandwidth and FLOP/s. ``--hardware local --calibrate MODEL`` fits a stack
     for one backend from a real model's cost curve instead (:mod:`verispec.plan.fit`).
+
+``llamacpp-cuda``, ``llamacpp-metal``, ``llamacpp-cpu`` - llama.cpp's quantised kernels,
+    fitted (``stacks.json`` beside this file, written by ``benchmarks/plan/fit_consumer.py``)
+    to the fit half of the published cost curves in ``benchmarks/plan/consumer.csv``
+    (llama-bench tables posted in llama.cpp's pull requests for RTX cards and Apple
+    silicon) and, for the CPU, to this machine's measured curves. Each carries the
+    kernel regime of up to 8 rows (MMVQ / mul_mv_ext: weights dequantised once per row)
+    and the scatter of its fit (``sigma_log_ratio``, ``sigma_log_time``) from which
+    :mod:`verispec.plan.intervals` draws prediction intervals.
+
+Default stack per machine (:func:`default_stack`): Apple silicon → ``llamacpp-metal``,
+consumer RTX cards → ``llamacpp-cuda``, CPUs → ``llamacpp-cpu`` (``local``: ``eager-cpu``
+unless calibrated), datacenter GPUs and TPUs → ``compiled``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
+from importlib import resources
 from pathlib import Path
 
+from .device import Hardware
 from .roofline import Stack
 
-__all__ = ["STACKS", "get_stack", "load_stack", "save_stack"]
+__all__ = ["STACKS", "default_stack", "get_stack", "load_stack", "save_stack"]
 
 _GPT_FAST = "pytorch-labs/gpt-fast README (A100-80GB at 330 W; Llama-2-7B bf16 single-GPU and tensor-parallel rows)"
 _EAGER_SRC = "benchmarks/plan/eager_overhead.json (HF generate(), Llama of hidden 64, 1 host thread, 2-core Xeon VM)"
@@ -51,17 +65,45 @@ _EAGER_SRC = "benchmarks/plan/eager_overhead.json (HF generate(), Llama of hidde
 _EAGER_PER_FORWARD_S = 0.56e-3
 _EAGER_PER_LAYER_S = 0.36e-3
 
+# Scatter of the built-in stacks (for intervals), from their own checks: the RMS log error
+# of the 16 scored published speedups (benchmarks/plan/published.md: 0.20), of gpt-fast's
+# absolute ms/token (0.03), and of this machine's llama.cpp curve (cpu.md: 0.08).
+_SIGMA_PUBLISHED, _SIGMA_GPT_FAST, _SIGMA_CPU = 0.20, 0.03, 0.08
+
 STACKS: dict[str, Stack] = {
     "compiled": Stack("compiled", per_forward_s=0.0, per_layer_s=55e-6, bandwidth_efficiency=0.834,
                       compute_efficiency=0.7, allreduce_latency_s=4.5e-6, overhead_overlaps=False,
-                      source=_GPT_FAST),
+                      sigma_log_ratio=_SIGMA_PUBLISHED, sigma_log_time=_SIGMA_GPT_FAST, source=_GPT_FAST),
     "eager": Stack("eager", per_forward_s=_EAGER_PER_FORWARD_S, per_layer_s=_EAGER_PER_LAYER_S,
                    bandwidth_efficiency=0.834, compute_efficiency=0.7, allreduce_latency_s=4.5e-6,
-                   overhead_overlaps=True, source=f"{_EAGER_SRC}; efficiencies: {_GPT_FAST}"),
+                   overhead_overlaps=True, sigma_log_ratio=_SIGMA_PUBLISHED, sigma_log_time=_SIGMA_PUBLISHED,
+                   source=f"{_EAGER_SRC}; efficiencies: {_GPT_FAST}"),
     "eager-cpu": Stack("eager-cpu", per_forward_s=_EAGER_PER_FORWARD_S, per_layer_s=_EAGER_PER_LAYER_S,
                        bandwidth_efficiency=1.0, compute_efficiency=1.0, overhead_overlaps=False,
-                       source=_EAGER_SRC),
+                       sigma_log_ratio=_SIGMA_CPU, sigma_log_time=_SIGMA_CPU, source=_EAGER_SRC),
 }
+
+
+def _fitted() -> dict[str, Stack]:
+    """The stacks fitted to published curves (stacks.json), by name."""
+    data = json.loads(resources.files(__package__).joinpath("stacks.json").read_text(encoding="utf-8"))
+    return {name: Stack(name=name, **fields) for name, fields in data["stacks"].items()}
+
+
+STACKS.update(_fitted())
+
+
+def default_stack(hardware: Hardware) -> str:
+    """The stack most people run on ``hardware`` (see the module doc)."""
+    if hardware.name.startswith("local"):
+        return "eager-cpu"
+    if hardware.kind == "apple":
+        return "llamacpp-metal"
+    if hardware.kind == "cpu":
+        return "llamacpp-cpu"
+    if hardware.kind == "gpu" and hardware.name.startswith("RTX"):
+        return "llamacpp-cuda"
+    return "compiled"
 
 
 def load_stack(path: str | os.PathLike) -> Stack:
@@ -96,8 +138,3 @@ def get_stack(spec: str | Stack | None, default: str = "compiled") -> Stack:
     if spec.endswith(".json") or os.path.exists(spec):
         return load_stack(spec)
     raise ValueError(f"--stack: unknown stack {spec!r}; choose {', '.join(STACKS)} or a stack .json file")
-
-
-def with_overrides(stack: Stack, **fields) -> Stack:
-    """A copy of ``stack`` with some fields replaced (validated again)."""
-    return replace(stack, **fields)

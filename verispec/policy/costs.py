@@ -22,6 +22,15 @@ the constant cost ratio c). `from_curve` seeds the model with a curve measured e
 (`verispec analyze`, `verispec.cost.measure_cost_curve`, a planner's prediction), so the
 policy, the analysis and the planner share one abstraction.
 
+Under load (a batching server, `verispec.batching`): T_t is learned by the rows of the whole
+forward - a round whose forward also carried R rows of other sequences is filed under
+T_t(R + width) (`set_load(other_rows=R)`) - and priced with the planner's `--batch` maths
+(`verispec.plan`): with B sequences sharing the forward, each verifying n tokens, a round
+costs T_B(n) = T_t(B·n) (`set_load(sequences=B)`), so S(k) = E·T_t(B) / (k·T_d + T_t(B(k+1))).
+Where T_t is flat (memory-bound) drafting stays nearly free; once B·(k+1) rows leave the
+flat part, each draft row costs a full row for every sequence and k* falls to 0.
+B = 1, R = 0 (the default) is the single-sequence model above, unchanged.
+
 Guard: timings that are not finite, negative, or (for the target) zero are refused
 (`accepts`), so no price here is ever NaN, infinite or free.
 """
@@ -59,7 +68,8 @@ class OnlineCostCurve:
         self.target_cost: dict[int, Decayed] = {}
         self.draft_cost = {name: Decayed() for name in drafters}
         self.catchup_cost = {name: Decayed() for name in self.draft_cost}
-        self._curves: dict[str, CostCurve] = {}   # per drafter, until the next observation
+        self._curves: dict[str, CostCurve] = {}   # per drafter, until the next observation or load
+        self.sequences, self.other_rows = 1, 0     # the load (`set_load`)
 
     @classmethod
     def from_curve(cls, curve: CostCurve, drafter: str, *, n_max: int | None = None, decay: float = 0.9,
@@ -73,6 +83,26 @@ class OnlineCostCurve:
         model.observe_draft(drafter, curve.draft_time)
         return model
 
+    # -- load ------------------------------------------------------------------------------
+    def set_load(self, sequences: int = 1, other_rows: int = 0) -> None:
+        """Describe the shared forward (module docstring, "Under load").
+
+        Args:
+            sequences: B, sequences that share the next forward (this one included), >= 1;
+                prices become T_t(B·n).
+            other_rows: R, rows the other sequences put in the forward just run, >= 0; the
+                next `observe_target(n, s)` is filed under T_t(R + n).
+
+        Raises:
+            ValueError: naming the argument when it is not an integer in range.
+        """
+        for name, value, low in (("sequences", sequences, 1), ("other_rows", other_rows, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if sequences != self.sequences:
+            self._curves.clear()
+        self.sequences, self.other_rows = sequences, other_rows
+
     # -- learning --------------------------------------------------------------------------
     @staticmethod
     def accepts(target_seconds: float, draft_seconds: float = 0.0, catchup_seconds: float = 0.0) -> bool:
@@ -81,18 +111,22 @@ class OnlineCostCurve:
                 and all(math.isfinite(t) and t >= 0 for t in (draft_seconds, catchup_seconds)))
 
     def observe_target(self, n: int, seconds: float) -> bool:
-        """One forward over n new tokens took `seconds`; False (refused) unless finite and > 0."""
+        """One forward over n new tokens (plus `other_rows` of other sequences) took
+        `seconds`; False (refused) unless finite and > 0."""
+        return self._file(n + self.other_rows, seconds)
+
+    def _file(self, rows: int, seconds: float) -> bool:
         if not self.accepts(seconds):
             return False
         self._curves.clear()
-        return self.target_cost.setdefault(n, Decayed()).add(seconds, self.decay)
+        return self.target_cost.setdefault(rows, Decayed()).add(seconds, self.decay)
 
     def reset_target(self, n: int, seconds: float) -> bool:
-        """Replace T_t(n) by one fresh measurement (calibration)."""
+        """Replace T_t(n) by one fresh measurement of n rows alone (calibration)."""
         if not self.accepts(seconds):
             return False
         self.target_cost[n] = Decayed()
-        return self.observe_target(n, seconds)
+        return self._file(n, seconds)
 
     def observe_draft(self, name: str, seconds_per_token: float) -> bool:
         """Drafter `name` drafted at `seconds_per_token`; False (refused) unless finite, >= 0."""
@@ -141,37 +175,43 @@ class OnlineCostCurve:
         n itself until T_t(1) is known."""
         if not self.ready:
             return n
-        base = self.target(n)
+        b = self.sequences
+        base = self.target(b * n)
         best, best_t = n, base
         for m in range(n + 1, self.n_max + 1):
-            cost = self.target_cost.get(m)
+            cost = self.target_cost.get(b * m)
             if cost is not None and cost.mean < best_t:
                 best, best_t = m, cost.mean
         return best if best_t < base * (1.0 - self.margin) else n
 
     def single_step(self) -> float:
-        """T_t(1) as priced: not above the line through T_t(2), T_t(3) when both are
-        measured (a noisy single-token time must not make drafting look good).
+        """T_t(1) as priced (T_t(B) under a load of B sequences): not above the line through
+        T_t(2B), T_t(3B) when both are measured (a noisy single-token time must not make
+        drafting look good).
 
         Raises:
             ValueError: before T_t(1) is known.
         """
-        t1 = self.target(1)
-        if 2 in self.target_cost and 3 in self.target_cost:
-            t2, t3 = self.target_cost[2].mean, self.target_cost[3].mean
+        b = self.sequences
+        t1 = self.target(b)
+        if 2 * b in self.target_cost and 3 * b in self.target_cost:
+            t2, t3 = self.target_cost[2 * b].mean, self.target_cost[3 * b].mean
             t1 = min(t1, max(2 * t2 - t3, 0.25 * t2))
         return t1
 
     def curve(self, name: str) -> CostCurve | None:
         """The prices of drafting with `name` as a `CostCurve`: target_times[0] the guarded
-        T_t(1), target_times[n-1] = T_t(w(n)) for n = 2..n_max, draft_time its T_d.
+        T_t(1), target_times[n-1] = T_t(w(n)) for n = 2..n_max, draft_time its T_d (under a
+        load of B sequences: T_t(B) and T_t(B·w(n)), the planner's batch maths).
         None while T_t(1) or its T_d is unknown."""
         curve = self._curves.get(name)
         if curve is None:
             t_d = self.draft_time(name)
             if not self.ready or t_d is None:
                 return None
-            times = [self.single_step()] + [self.target(self.verify_width(n)) for n in range(2, self.n_max + 1)]
+            b = self.sequences
+            times = [self.single_step()] + [self.target(b * self.verify_width(n))
+                                            for n in range(2, self.n_max + 1)]
             curve = self._curves[name] = CostCurve(tuple(times), t_d)
         return curve
 

@@ -50,7 +50,8 @@ def render_tables(analysis: dict) -> list:
     for n, (t, samples) in enumerate(zip(cm["target_times"], cm["target_samples"]), start=1):
         tc.add_row(str(n), f"{t * 1e3:.2f}", f"{t / t1:.2f}",
                    f"{min(samples) * 1e3:.1f} - {max(samples) * 1e3:.1f}")
-    label = {"model": "T_d (draft token)", "lookup": "T_d (lookup round)", "none": "T_d"}[cm["draft_kind"]]
+    kind = cm["draft_kind"]
+    label = {"model": "T_d (draft token)", "none": "T_d"}.get(kind, f"T_d ({kind} round)")
     ds = cm["draft_samples"]
     tc.add_row(label, f"{cm['draft_time'] * 1e3:.3f}", f"c = {cm['c']:.3f}",
                f"{min(ds) * 1e3:.3f} - {max(ds) * 1e3:.3f}")

@@ -65,13 +65,10 @@ class ServeState:
         """Serve `decoder` from now on (the CLI loads the models after the server started)."""
         target = decoder.target
         name = self.model_name or target.name
-        drafter = getattr(decoder, "drafter", "none")
-        self.prompter = Prompter(getattr(decoder, "tokenizer", None), target.vocab_size,
-                                 target.context_length)
+        self.prompter = Prompter(decoder.tokenizer, target.vocab_size, target.context_length)
         self.defaults = ServerDefaults(
-            model_names=(name,), k=self.k, drafter=drafter,
-            has_draft_model=getattr(decoder, "draft", None) is not None,
-            default_drafters=tuple(getattr(decoder, "drafters", {})))
+            model_names=(name,), k=self.k, drafter=decoder.drafter,
+            drafter_names=decoder.drafter_names, sampling=decoder.sampling_config)
         self.decoder = decoder
         self.engine = Engine(decoder, self.metrics, max_queue=self.max_queue,
                              prefix_reuse=self.prefix_reuse, rule=self.rule)

@@ -72,9 +72,6 @@ class Outcome:
     metrics: dict = field(default_factory=dict)
 
 
-OPENAI_FINISH = {"eos": "stop", "stop_string": "stop", "length": "length", "context": "length"}
-
-
 class Job:
     """One request from arrival to its last event.
 
@@ -123,8 +120,8 @@ class Engine:
     """The queue and the decode worker thread.
 
     Args:
-        decoder: a `SpeculativeDecoder` (or anything with its `generate`, `target`,
-            `draft` and `tokenizer`).
+        decoder: a `SpeculativeDecoder` (or a subclass: its `generate`, `target`, `draft`
+            and `tokenizer` are used).
         metrics: where finished requests are counted.
         max_queue: requests that may wait while one is decoded (>= 0).
         prefix_reuse: keep the KV caches between requests (see the module docstring).
@@ -213,7 +210,7 @@ class Engine:
 
     def _reuse(self, prompt_ids: list[int]) -> int:
         """Prepare the caches for `prompt_ids`; return how many prompt tokens they hold."""
-        target, draft = self.decoder.target, getattr(self.decoder, "draft", None)
+        target, draft = self.decoder.target, self.decoder.draft
         if not self.prefix_reuse:
             target.reset()
             if draft is not None:
@@ -232,7 +229,7 @@ class Engine:
             return
         job.started = time.perf_counter()
         self.metrics.running.set(1)
-        tokenizer = getattr(self.decoder, "tokenizer", None)
+        tokenizer = self.decoder.tokenizer
         progress = RequestProgress(tokenizer, logprobs=req.logprobs,
                                    emit=job.post if req.stream else None,
                                    cancelled=job.cancel_requested)
@@ -240,9 +237,10 @@ class Engine:
         cached = self._reuse(req.prompt_ids)
         try:
             result = self.decoder.generate(
-                req.prompt_ids, max_new_tokens=req.max_tokens, rule=self.rule,
+                req.prompt_ids, max_new_tokens=req.max_tokens, sampling=req.sampling, k=req.k,
+                drafter=req.drafter, seed=req.seed, stop_strings=req.stop_strings, rule=self.rule,
                 on_text=progress.on_text if req.stream and tokenizer is not None else None,
-                observer=progress.observe, **req.generate)
+                observer=progress.observe)
         except Cancelled:
             self._finish(job, "abort", cached)
             job.post(ApiError(503, "the request was cancelled"))
@@ -261,23 +259,23 @@ class Engine:
             self.metrics.running.set(0)
         progress.finish(result.text)
         finished = time.perf_counter()
-        spec = progress.spec_metrics(req.generate.get("k", "auto"))
+        spec = progress.spec_metrics(req.k)
         spec.update(rule=result.stats.rule, seed=result.stats.seed)
         outcome = Outcome(
             text=result.text, token_ids=list(result.token_ids),
-            finish_reason=OPENAI_FINISH.get(result.stats.finish_reason, "length"),
+            finish_reason=result.finish_reason,
             logprobs=progress.logprobs, cached_tokens=cached,
             metrics={**progress.timing(job.arrival, job.started, finished), "speculative_decoding": spec})
         self._finish(job, outcome.finish_reason, cached, finished)
         job.post(outcome)
 
     def _hard_reset(self) -> None:
-        for model in (self.decoder.target, getattr(self.decoder, "draft", None)):
+        for model in (self.decoder.target, self.decoder.draft):
             if model is not None:
                 try:
                     model.reset()
                 except Exception:
-                    log.exception("could not reset %s", getattr(model, "name", model))
+                    log.exception("could not reset %s", model.name)
 
     def _finish(self, job: Job, reason: str, cached: int = 0, finished: float | None = None) -> None:
         job.finished = finished or time.perf_counter()

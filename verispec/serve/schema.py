@@ -2,9 +2,11 @@
 
 Field names are OpenAI's (`/v1/chat/completions`, `/v1/completions`), plus vLLM's
 sampling extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
-`return_token_ids`) and verispec's own `k` and `drafter`. Types and ranges are checked
-by pydantic (strict: `true` is not 1, "1" is not 1, NaN and infinities are refused);
-what needs the model (prompt length, token ids, the context) is checked here.
+`return_token_ids`) and verispec's own `k` and `drafter`. Types are checked by pydantic
+(strict: `true` is not 1, "1" is not 1, NaN and infinities are refused); the sampling
+settings' ranges, the drafter and the prompt's encoding by the API's own code
+(`SpeculativeDecoder.sampling_config`, `.drafter_names`, `verispec.encoding`); what
+needs the model (prompt length, token ids, the context) is checked here.
 
 Fields the server does not implement are refused by name, never silently ignored;
 each is accepted only with its neutral value (e.g. ``"echo": false``, ``"n": 1``,
@@ -19,12 +21,13 @@ the rest of the context (context length − prompt tokens), as vLLM does; ``k`` 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..drafters import DRAFTER_CHOICES, DRAFTERS
+from ..sampling import SamplingConfig, SettingError
 from .errors import ApiError, bad_request
 from .tokens import ROLES, Prompter
 
@@ -68,15 +71,16 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     model: str | None = None
     max_tokens: int | None = Field(None, ge=0)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    # the sampling settings' ranges are checked once, by the API (`SamplingConfig`)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    min_tokens: int | None = Field(None, ge=0)
+    min_tokens: int | None = None
     seed: int | None = None
     stop: Any = None
     stream: bool | None = None
@@ -112,15 +116,17 @@ class ServerDefaults:
         model_names: names `model` may take (the first is reported).
         k: the server's draft length ("auto" or an integer >= 0).
         drafter: the server's drafter choice.
-        has_draft_model: whether drafter "model" is available.
-        default_drafters: drafters the server's own choice uses (names).
+        drafter_names: choice -> the drafters it uses, or ValueError naming `drafter`
+            (`SpeculativeDecoder.drafter_names`: the same rule that builds them).
+        sampling: the API's validation of the sampling settings
+            (`SpeculativeDecoder.sampling_config`; raises `SettingError`).
     """
 
     model_names: tuple[str, ...]
+    drafter_names: Callable[[str], tuple[str, ...]]
+    sampling: Callable[..., SamplingConfig]
     k: int | str = "auto"
     drafter: str = "auto"
-    has_draft_model: bool = False
-    default_drafters: tuple[str, ...] = ()
 
 
 @dataclass
@@ -132,8 +138,8 @@ class GenerationRequest:
         model: the served model name to report.
         prompt_ids: the prompt's token ids (chat template applied for chat).
         max_tokens: the exact token budget (the rest of the context when not given).
-        generate: keyword arguments for `SpeculativeDecoder.generate` (sampling controls,
-            seed, stop strings, k, drafter).
+        sampling: the warps and controls, validated by the API.
+        k, drafter, seed, stop_strings: as `SpeculativeDecoder.generate` takes them.
         stream, include_usage: SSE streaming; a final usage chunk.
         logprobs: alternatives per token when log-probabilities were asked for (0 = the
             chosen token only), else None.
@@ -144,18 +150,19 @@ class GenerationRequest:
     model: str
     prompt_ids: list[int]
     max_tokens: int
-    generate: dict = field(default_factory=dict)
+    sampling: SamplingConfig
+    k: int | str = "auto"
+    drafter: str = "auto"
+    seed: int | None = None
+    stop_strings: list[str] | None = None
     stream: bool = False
     include_usage: bool = False
     logprobs: int | None = None
     return_token_ids: bool = False
 
 
-def drafters_of(choice: str, has_draft_model: bool) -> tuple[str, ...]:
-    """The drafters a `drafter` choice uses (as `verispec.drafters.build_drafters` builds them)."""
-    if choice == "auto":
-        return tuple(n for n, kind in DRAFTERS.items() if has_draft_model or not kind.needs_model)
-    return () if choice == "none" else (choice,)
+#: `SamplingConfig`'s argument names -> the request's field names, where they differ.
+_FIELD_OF = {"min_new_tokens": "min_tokens"}
 
 
 def _param(loc: tuple) -> str:
@@ -291,13 +298,10 @@ def _k_and_drafter(req: _Common, server: ServerDefaults) -> tuple[int | str, str
         raise bad_request("k", f'k must be "auto" or an integer in 0..{MAX_K} (0 = plain decoding), '
                                f"got {req.k!r}")
     drafter = server.drafter if req.drafter is None else req.drafter
-    if drafter not in DRAFTER_CHOICES:
-        raise bad_request("drafter", f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {drafter!r}")
-    if drafter == "model" and not server.has_draft_model:
-        raise bad_request("drafter", 'drafter "model" needs a draft model and this server has none '
-                                     "(start it with --draft)")
-    usable = server.default_drafters if drafter == server.drafter else \
-        drafters_of(drafter, server.has_draft_model)
+    try:
+        usable = server.drafter_names(drafter)
+    except ValueError as e:
+        raise bad_request("drafter", f"{e} (this server's default: {server.drafter})") from None
     if isinstance(k, int) and k > 0 and not usable:
         raise bad_request("k", f"k={k} needs a drafter, and drafter {drafter!r} drafts nothing; "
                                "use k=0 or another drafter")
@@ -347,18 +351,20 @@ def parse(endpoint: str, body: Any, prompter: Prompter, server: ServerDefaults) 
         raise bad_request("min_tokens", f"min_tokens ({min_tokens}) exceeds {max_param} ({max_tokens})")
     k, drafter = _k_and_drafter(req, server)
     top_k = req.top_k or 0
-    generate = dict(
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=0 if top_k == -1 else top_k,
-        min_p=req.min_p or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        logit_bias=_logit_bias(req.logit_bias, prompter.vocab_size),
-        min_new_tokens=min_tokens, seed=req.seed, stop_strings=_stop(req.stop), k=k,
-        drafter=drafter)
-    if generate["stop_strings"] and prompter.tokenizer is None:
+    try:
+        sampling = server.sampling(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=0 if top_k == -1 else top_k,      # vLLM's -1 = off
+            min_p=req.min_p or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            logit_bias=_logit_bias(req.logit_bias, prompter.vocab_size), min_new_tokens=min_tokens)
+    except SettingError as e:
+        raise bad_request(_FIELD_OF.get(e.name, e.name), str(e)) from None
+    stop_strings = _stop(req.stop)
+    if stop_strings and prompter.tokenizer is None:
         raise bad_request("stop", "stop strings need a tokenizer, and this model has none")
 
     if endpoint == "chat":
@@ -380,6 +386,7 @@ def parse(endpoint: str, body: Any, prompter: Prompter, server: ServerDefaults) 
         raise bad_request("min_tokens", f"min_tokens ({min_tokens}) exceeds the token budget ({max_tokens})")
     return GenerationRequest(
         endpoint=endpoint, model=req.model or server.model_names[0], prompt_ids=prompt_ids,
-        max_tokens=max_tokens, generate=generate, stream=bool(req.stream),
+        max_tokens=max_tokens, sampling=sampling, k=k, drafter=drafter, seed=req.seed,
+        stop_strings=stop_strings, stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         logprobs=logprobs, return_token_ids=bool(req.return_token_ids))

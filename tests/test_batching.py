@@ -1,0 +1,174 @@
+"""Continuous batching: every request's output is its solo output, whatever shares the forward.
+
+Requests with different drafters, k, policies, sampling and budgets join at staggered
+points, leave early (budget, cancellation) and reuse freed slots; each greedy output must
+equal its solo `decode` token for token and each seeded sample (coupled rule) its seeded
+solo sample. SmolLM2-135M (GGUF), batch-invariant mode, a few dozen tokens each.
+"""
+
+import importlib.util
+import threading
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                reason="llama-cpp-python not installed")
+
+PROMPTS = [
+    "Repeat this list exactly twice: apple, banana, cherry, date, elderberry, fig, grape.",
+    "Write a Python function that returns the sum of a list of numbers.",
+    "Count from one to twenty in words, separated by commas.",
+    "The capital of France is Paris. The capital of Italy is",
+]
+WAIT = 300   # seconds: a hang guard, not a timing assertion
+
+
+@pytest.fixture(scope="module")
+def solo():
+    from verispec.api import load_model
+
+    return load_model("smollm2-135m", backend="llamacpp", batch_invariant=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    from verispec import registry
+    from verispec.models.llamacpp_batch import LlamaCppBatchModel
+
+    m = LlamaCppBatchModel.load(str(registry.gguf_path("smollm2-135m")), n_seq_max=3,
+                                n_ctx_per_seq=512, tokenizer_path=None)
+    assert m.batch_invariant
+    yield m
+    m.free()
+
+
+def _job(solo, prompt, *, k, temperature=0.0, seed=0, rule="standard", max_new_tokens=40, stop=None):
+    """Everything one request needs, fresh (its own drafters, policy and randomness)."""
+    from verispec.drafters import build_drafters
+    from verispec.policy import make_policy
+    from verispec.sampling import SamplingConfig, SeededRandomness
+    from verispec.verify import RULES
+
+    drafters = build_drafters("lookup", None)
+    return dict(prompt=solo.tokenizer.encode(prompt), policy=make_policy(k, drafters),
+                sampling=SamplingConfig(temperature=temperature, eos_token_ids=solo.eos_token_ids),
+                max_new_tokens=max_new_tokens, rng=SeededRandomness(seed), rule=RULES[rule], stop=stop)
+
+
+def _solo(solo, job, logits=None):
+    """Solo decode's tokens; each round's raw logits appended to `logits` when given."""
+    from verispec.decoding import decode
+
+    job = dict(job)
+    observer = (lambda r: logits.append(r.logits.clone())) if logits is not None else None
+    return decode(solo, job.pop("prompt"), job.pop("policy"), observer=observer, **job).tokens
+
+
+def _same_logits(got, want):
+    import torch
+
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w), f"a round's logits differ from solo by {float((g - w).abs().max())}"
+
+
+JOBS = [dict(prompt=PROMPTS[0], k=3), dict(prompt=PROMPTS[1], k=0, max_new_tokens=8),
+        dict(prompt=PROMPTS[2], k=2, temperature=0.8, seed=5, rule="gumbel"),
+        dict(prompt=PROMPTS[3], k="auto"), dict(prompt=PROMPTS[0], k=5, temperature=1.0, seed=11,
+                                               rule="gumbel", max_new_tokens=30),
+        dict(prompt=PROMPTS[3], k=2, temperature=0.9, seed=7, rule="standard", max_new_tokens=24),
+        dict(prompt=PROMPTS[1], k=3, stop=lambda out: len(out) >= 6)]   # a stop rule ends it
+
+
+def test_staggered_requests_equal_their_solo_runs(solo, model):
+    from verispec.batching import BatchedRounds
+
+    solo_logits = [[] for _ in JOBS]
+    want = [_solo(solo, _job(solo, **spec), solo_logits[i]) for i, spec in enumerate(JOBS)]
+    driver = BatchedRounds(model)
+    started = threading.Event()
+    handles, logits = [], [[] for _ in JOBS]
+
+    loads = []   # (B, R) the adaptive request's cost model was told, per round
+
+    def submit(i, **extra):
+        job = _job(solo, **JOBS[i])
+        policy = job.pop("policy")
+
+        def observer(record):
+            logits[i].append(record.logits.clone())
+            if JOBS[i]["k"] == "auto":
+                loads.append((policy.costs.sequences, policy.costs.other_rows))
+
+        handles.append(driver.submit(job.pop("prompt"), policy, **job, **extra, observer=observer))
+
+    submit(0, on_commit=lambda block: started.set())
+    assert started.wait(WAIT)                 # the others join a running sequence
+    for i in range(1, len(JOBS)):             # 7 requests, 3 slots: four wait, then reuse slots
+        submit(i)
+    got = [h.result(WAIT).tokens for h in handles]
+    driver.close()
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"request {i} ({JOBS[i]}) left its solo output"
+        if JOBS[i]["k"] != "auto":            # same rounds: every verification's logits, bit for bit
+            _same_logits(logits[i], solo_logits[i])
+    assert driver.max_live == 3
+    assert driver.forwards < sum(len(w) for w in want)     # forwards were shared
+    assert {h.slot for h in handles} == {0, 1, 2}          # queued requests reused slots 0..2
+    assert handles[-1].result().stats.finish_reason == "stop_string"
+    assert len(loads) >= 5 and max(b for b, _ in loads) > 1     # k chosen under the load
+    assert all(r >= b - 1 for b, r in loads)                      # each other sequence >= 1 row
+
+
+def test_cancelled_request_leaves_the_others_exact(solo, model):
+    from verispec.batching import BatchedRounds, Cancelled
+
+    specs = [dict(prompt=PROMPTS[1], k=3), dict(prompt=PROMPTS[2], k=2), 
+             dict(prompt=PROMPTS[0], k=4, temperature=0.7, seed=2, rule="gumbel")]
+    want = [_solo(solo, _job(solo, **s)) for s in specs]
+    driver = BatchedRounds(model)
+    handles, rounds = [], []
+
+    def cancel_after_two(block):
+        rounds.append(block)
+        if len(rounds) == 2:
+            handles[0].cancel()
+
+    for i, spec in enumerate(specs):
+        job = _job(solo, **spec)
+        extra = {"on_commit": cancel_after_two} if i == 0 else {}
+        handles.append(driver.submit(job.pop("prompt"), job.pop("policy"), **job, **extra))
+    with pytest.raises(Cancelled):
+        handles[0].result(WAIT)
+    assert [h.result(WAIT).tokens for h in handles[1:]] == want[1:]
+    assert sum(len(b) for b in rounds) < len(want[0])
+    driver.close()
+    assert model.free_slots == [0, 1, 2]
+
+
+def test_a_long_prefill_in_chunks_does_not_stall_the_others(solo, model):
+    from verispec.batching import BatchedRounds
+
+    long_prompt = " ".join(PROMPTS) * 4
+    specs = [dict(prompt=PROMPTS[0], k=3), dict(prompt=PROMPTS[2], k=0),
+             dict(prompt=long_prompt, k=2, max_new_tokens=10)]
+    want = [_solo(solo, _job(solo, **s)) for s in specs]
+    assert len(solo.tokenizer.encode(long_prompt)) > 150
+    driver = BatchedRounds(model, prefill_chunk=16)
+    events, started = [], threading.Event()
+    handles = []
+    for i, spec in enumerate(specs[:2]):
+        job = _job(solo, **spec)
+        handles.append(driver.submit(job.pop("prompt"), job.pop("policy"), **job,
+                                     on_commit=lambda b, i=i: (events.append(i), started.set())))
+    assert started.wait(WAIT)
+    events.append("long submitted")
+    job = _job(solo, **specs[2])
+    handles.append(driver.submit(job.pop("prompt"), job.pop("policy"), **job,
+                                 on_commit=lambda b: events.append("long")))
+    assert [h.result(WAIT).tokens for h in handles] == want
+    driver.close()
+    during = events[events.index("long submitted"):events.index("long")]
+    assert len([e for e in during if e in (0, 1)]) >= 4     # others committed during its prefill
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        BatchedRounds(model, prefill_chunk=0)

@@ -1,0 +1,66 @@
+"""k chosen for the load: the one cost model prices a shared forward with the planner's batch maths.
+
+T_t is learned by the forward's total rows; with B sequences sharing it, a round of k drafts
+is priced T_t(B(k+1)) against T_t(B) for a plain step. On a curve that is flat up to 10 rows
+and then linear (memory-bound, then compute-bound), k* must fall as B rises and reach 0.
+"""
+
+import pytest
+
+from verispec.policy.costs import OnlineCostCurve
+from verispec.theory import expected_tokens
+
+
+def flat_then_linear(rows: int) -> float:
+    """Seconds for a forward of `rows` rows: 1.0 up to 10 rows, then 0.1 per row."""
+    return max(1.0, 0.1 * rows)
+
+
+def model(n_max: int = 9) -> OnlineCostCurve:
+    costs = OnlineCostCurve(["lookup"], n_max, decay=0.9, explore_slope=0.1, margin=0.03)
+    for rows in range(1, 8 * n_max + 1):       # every total width a load of up to 8 can reach
+        costs.observe_target(rows, flat_then_linear(rows))
+    costs.observe_draft("lookup", 0.0)
+    return costs
+
+
+def test_alone_the_prices_are_the_single_sequence_curve():
+    costs = model()
+    assert costs.curve("lookup").target_times == tuple(flat_then_linear(n) for n in range(1, 10))
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.7, 0.9])
+def test_speculation_turns_down_as_sequences_share_the_forward(alpha):
+    costs = model()
+    best = []
+    for b in (1, 2, 4, 8):
+        costs.set_load(sequences=b)
+        k, s = costs.optimal_k(alpha, 8)
+        best.append(k)
+        times = costs.curve("lookup").target_times
+        assert times[1:] == tuple(flat_then_linear(b * n) for n in range(2, 10))   # T_t(B n)
+        assert times[0] <= flat_then_linear(b)    # T_t(B), guarded as T_t(1) is (single_step)
+        assert s == pytest.approx(expected_tokens(alpha, k) * times[0] / times[k])
+    assert best == sorted(best, reverse=True) and best[0] > best[-1]
+    assert best[0] >= 4                         # alone, drafting is free up to 10 rows
+    costs.set_load(sequences=16)
+    assert costs.optimal_k(alpha, 8)[0] == 0    # every row is compute: plain decoding
+    costs.set_load()
+    assert costs.optimal_k(alpha, 8)[0] == best[0]   # alone again: up again
+
+
+def test_observations_are_filed_by_the_rows_of_the_whole_forward():
+    costs = OnlineCostCurve(["lookup"], 4, decay=0.5, explore_slope=0.1, margin=0.03)
+    costs.set_load(sequences=3, other_rows=7)
+    costs.observe_target(2, 0.25)               # this sequence's 2 rows + 7 others'
+    assert set(costs.target_cost) == {9} and costs.target_cost[9].mean == 0.25
+    costs.reset_target(1, 0.1)                  # calibration measures one row alone
+    assert costs.target_cost[1].mean == 0.1
+
+
+@pytest.mark.parametrize("bad", [dict(sequences=0), dict(other_rows=-1), dict(sequences=1.5),
+                                 dict(other_rows=True)])
+def test_bad_load_is_refused_naming_the_argument(bad):
+    costs = OnlineCostCurve(["lookup"], 4, decay=0.5, explore_slope=0.1, margin=0.03)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        costs.set_load(**bad)

@@ -1,0 +1,161 @@
+"""Several sequences in one llama.cpp forward: each sequence's logits are its solo logits, bit for bit.
+
+The logit-gap test of `test_llamacpp_exactness.py` across sequences: every forward a
+slot of `LlamaCppBatchModel` takes part in (other sequences' rows in the same decodes,
+staggered joins, rollbacks, slots reused out of arrival order, a cancelled sequence) is
+replayed, call for call, on a solo `LlamaCppModel`, and the logits must be equal exactly.
+SmolLM2-135M (GGUF), batch-invariant mode.
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                reason="llama-cpp-python not installed")
+
+TEXT = ("Write a Python function that returns the sum of a list of numbers. "
+        "Count from one to twenty in words, separated by commas. "
+        "Repeat this list exactly twice: apple, banana, cherry, date, elderberry. ") * 20
+
+
+@pytest.fixture(scope="module")
+def solo():
+    from verispec.api import load_model
+
+    model = load_model("smollm2-135m", backend="llamacpp", batch_invariant=True)
+    assert model.batch_invariant
+    return model
+
+
+@pytest.fixture(scope="module")
+def ids(solo):
+    return solo.tokenizer.encode(TEXT)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    from verispec import registry
+    from verispec.models.llamacpp_batch import LlamaCppBatchModel
+
+    model = LlamaCppBatchModel.load(str(registry.gguf_path("smollm2-135m")), n_seq_max=4,
+                                    n_ctx_per_seq=1024)
+    assert model.batch_invariant
+    yield model
+    model.free()
+
+
+class Replay:
+    """Every cache operation of each view, to be replayed on the solo model."""
+
+    def __init__(self, model):
+        self.model = model
+        self.ops = {}
+
+    def open(self, slot=None):
+        view = self.model.open(slot)
+        self.ops[view] = []
+        return view
+
+    def forward_many(self, rows):
+        out = self.model.forward_many(rows)
+        for view, value in rows.items():
+            tokens, keep = value if isinstance(value, tuple) else (value, None)
+            self.ops[view].append(("forward", list(tokens), keep, out[view]))
+        return out
+
+    def truncate(self, view, length):
+        view.truncate(length)
+        self.ops[view].append(("truncate", length, None, None))
+
+    def check(self, solo, view):
+        """Replay view's history on `solo`; every forward's logits must be equal."""
+        solo.reset()
+        compared = 0
+        for op, arg, keep, got in self.ops[view]:
+            if op == "truncate":
+                solo.truncate(arg)
+                continue
+            want = solo.forward(arg, keep=keep)
+            gap = float((want - got).abs().max())
+            assert torch.equal(want, got), f"slot {view.slot}: logits differ from solo by {gap}"
+            compared += want.shape[0]
+        assert solo.tokens == view.tokens
+        return compared
+
+
+def test_staggered_joins_and_rollbacks_equal_solo_forwards_bit_for_bit(batch, solo, ids):
+    r = Replay(batch)
+    a = r.open()
+    r.forward_many({a: (ids[:37], 1)})                            # A alone: prefill
+    r.forward_many({a: ids[37:42]})                               # A: 5-row verification
+    b = r.open()
+    r.forward_many({a: ids[42:46], b: (ids[100:353], 1)})         # B's prefill joins A's rows
+    r.truncate(a, 44)                                             # A rejects two drafts
+    r.forward_many({a: ids[44:47], b: ids[353:360]})              # 3 + 7 rows: two decodes
+    c = r.open()
+    r.forward_many({c: (ids[5:18], 1)})
+    for step in range(3):                                         # all three, different k
+        r.forward_many({a: ids[47 + 4 * step:51 + 4 * step], b: ids[360 + step:361 + step],
+                        c: ids[18 + 6 * step:24 + 6 * step]})
+        r.truncate(c, len(c.tokens) - step)                       # C rolls back 0, 1, 2
+    assert len({len(v.tokens) for v in (a, b, c)}) == 3           # different lengths
+    assert batch.decodes > 0
+    for view in (a, b, c):
+        assert r.check(solo, view) >= 10
+    for view in (a, b, c):
+        view.close()
+    assert batch.free_slots == [0, 1, 2, 3]
+
+
+def test_slot_reuse_out_of_arrival_order_and_cancellation(batch, solo, ids):
+    """A middle slot freed and reused (the TensorRT-LLM #3456 class): no stale cache, no cross-talk."""
+    r = Replay(batch)
+    a, b, c = r.open(), r.open(), r.open()
+    assert [a.slot, b.slot, c.slot] == [0, 1, 2]
+    r.forward_many({a: (ids[:60], 1), b: (ids[200:290], 1), c: (ids[400:430], 1)})
+    r.forward_many({a: ids[60:64], b: ids[290:296], c: ids[430:432]})
+    b.close()                                                     # B cancelled mid-generation
+    d = r.open()                                                  # takes B's slot, not slot 3
+    assert d.slot == 1 and d.tokens == []
+    r.forward_many({a: ids[64:67], c: ids[432:437], d: (ids[30:50], 1)})
+    r.forward_many({d: ids[50:55], a: ids[67:68]})
+    a.close()                                                     # the first arrival leaves first
+    e = r.open(slot=3)
+    r.forward_many({c: ids[437:440], d: ids[55:57], e: (ids[500:520], 1)})
+    r.forward_many({e: ids[520:526], c: ids[440:441]})
+    f = r.open()
+    assert f.slot == 0                                            # A's old slot, after E
+    r.forward_many({f: (ids[:60], 1), c: ids[441:443]})           # A's exact history again
+    r.forward_many({f: ids[60:64]})
+    for view in (c, d, e, f):
+        assert r.check(solo, view) >= 5
+    assert torch.equal(r.ops[f][-1][3], r.ops[a][1][3])           # same history, same logits
+    for view in (c, d, e, f):
+        view.close()
+
+
+def test_a_view_is_a_causal_lm_and_bad_use_is_refused(batch, solo, ids):
+    view = batch.open()
+    try:
+        got = view.sync(ids[:20], keep=1)
+        solo.reset()
+        assert torch.equal(got, solo.forward(ids[:20], keep=1))
+        view.rollback_to(ids[:10] + [1, 2])
+        assert view.tokens == ids[:10]
+        with pytest.raises(ValueError, match="context length"):
+            batch.forward_many({view: [1] * 2000})
+        with pytest.raises(ValueError, match="at least one token"):
+            batch.forward_many({view: []})
+        with pytest.raises(ValueError, match="not free"):
+            batch.open(slot=view.slot)
+    finally:
+        view.close()
+    with pytest.raises(ValueError, match="not an open sequence"):
+        batch.forward_many({view: [1]})
+    views = [batch.open() for _ in range(batch.n_seq_max)]
+    with pytest.raises(RuntimeError, match="slots are in use"):
+        batch.open()
+    for v in views:
+        v.close()

@@ -1,0 +1,282 @@
+"""Continuous batching of exact speculative decoding: one target forward per round for every request.
+
+Each request runs the shipped round loop (`verispec.decoding.decode`) unchanged, with its
+own drafters, policy, randomness, sampling controls and stop rule, against a
+`SequenceView` (one slot of a `LlamaCppBatchModel`). The view does not run its forward
+itself: it parks the rows (the prefill, or x_{t-1}, x_1..x_k of a verification) and waits.
+When every live request is parked - each has proposed its block for this round, or is
+prefilling - the driver runs ONE `forward_many`-style decode over all of them and hands
+each its rows back; the rule, commit, rollback and policy update then run per request,
+independently. Requests join (their prefill rides in the next round) and leave (EOS,
+budget, stop string, cancellation) at round boundaries; a freed slot is reused by the
+next request in the queue, whatever order they arrived in.
+
+Why each output is its solo output: `decode` is a deterministic function of the logits its
+target returns and of its own randomness (keyed by seed and output position, never by
+round or batch), and `LlamaCppBatchModel` returns every sequence's logits bit-identical to
+a solo forward whatever else shares the decode (tests/test_llamacpp_batch.py). So greedy
+output equals the solo greedy output token for token, and a seeded sample equals the
+seeded solo sample (under the coupled rule for any k; under the standard rule for the same
+drafts). Only wall times (the policy's cost observations) depend on the company.
+
+k for the load: after each shared forward the driver tells every request's cost model how
+many sequences shared it and how many rows the others put in it
+(`OnlineCostCurve.set_load`): the round's time is filed under the forward's total rows, and
+an adaptive policy prices its next round with the planner's batch maths, T_t(B) for a plain
+step against T_t(B(k+1)) for k drafts, so it drafts less as the forward fills up.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .decoding import DecodeResult, Policy, RoundRecord, decode
+from .models.llamacpp_batch import LlamaCppBatchModel, SequenceView
+from .policy.costs import OnlineCostCurve
+from .sampling import Randomness, SamplingConfig
+from .verify import Rule, standard
+
+
+class Cancelled(Exception):
+    """The request was cancelled; raised by `BatchedRequest.result`."""
+
+
+class _ParkedView(SequenceView):
+    """A slot whose forwards are run by the driver, together with every other live request's."""
+
+    driver: BatchedRounds
+    request: BatchedRequest
+
+    def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:
+        return self.driver._park(self.request, tokens, keep)
+
+
+@dataclass(eq=False)
+class BatchedRequest:
+    """One request in a `BatchedRounds`; `result()` waits for it.
+
+    Attributes:
+        prompt: token ids (len >= 1).
+        slot: the model slot it decodes in (None while queued).
+        rows_last_round: rows it put in the last forward (0 before its first).
+        cancelled: `cancel()` was called.
+    """
+
+    prompt: list[int]
+    policy: Policy
+    kwargs: dict
+    slot: int | None = None
+    rows_last_round: int = 0
+    cancelled: bool = False
+    _done: threading.Event = field(default_factory=threading.Event)
+    _result: DecodeResult | None = None
+    _error: BaseException | None = None
+
+    def cancel(self) -> None:
+        """End this request at its next round boundary; the others are not affected."""
+        self.cancelled = True
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> DecodeResult:
+        """The request's `DecodeResult`, waiting up to `timeout` seconds (None: forever).
+
+        Raises:
+            Cancelled: when `cancel()` ended it.
+            TimeoutError: when it is not done within `timeout`.
+            Exception: whatever its decode raised (bad prompt, context full, ...).
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request not done within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class BatchedRounds:
+    """Runs many `decode` calls on one `LlamaCppBatchModel`, one shared forward per round.
+
+    Args:
+        model: the multi-sequence target; at most `model.n_seq_max` requests decode at
+            once, the others wait in arrival order for a slot.
+        prefill_chunk: most prompt tokens of one request's prefill run per round (None:
+            the whole prompt at once). A long prompt then does not stall the others'
+            rounds; its prefill runs in pieces of this size, which equals the solo run
+            exactly where llama.cpp's prefill kernels do not depend on the piece size
+            (not so for K-quant weights above 7 rows: the tiled matmul; keep None there,
+            or a multiple of 512 - docs/exactness.md).
+
+    Use `submit` from any thread, `result()` on what it returns, and `close()` at the end
+    (it waits for the running requests).
+    """
+
+    def __init__(self, model: LlamaCppBatchModel, prefill_chunk: int | None = None) -> None:
+        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(
+                prefill_chunk, int) or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be an integer >= 1 or None, got {prefill_chunk!r}")
+        self.model = model
+        self.prefill_chunk = prefill_chunk
+        self._prefilled: dict[BatchedRequest, int] = {}   # prompt rows already run, per request
+        self._cond = threading.Condition()
+        self._queue: list[BatchedRequest] = []
+        self._live: dict[BatchedRequest, _ParkedView] = {}
+        self._parked: dict[BatchedRequest, tuple[list[int], int]] = {}
+        self._answers: dict[BatchedRequest, torch.Tensor | BaseException] = {}
+        self._closing = False
+        self.forwards = 0          # shared decodes run (rounds), for statistics
+        self.max_live = 0          # most requests decoding together so far
+        self._scheduler = threading.Thread(target=self._schedule, name="verispec-batch", daemon=True)
+        self._scheduler.start()
+
+    # -- public ---------------------------------------------------------------------------
+    def submit(self, prompt: Sequence[int], policy: Policy, *, sampling: SamplingConfig,
+               max_new_tokens: int, rng: Randomness, rule: Rule = standard,
+               stop: Callable[[list[int]], bool] | None = None,
+               on_commit: Callable[[list[int]], None] | None = None,
+               observer: Callable[[RoundRecord], None] | None = None) -> BatchedRequest:
+        """Queue one generation; arguments as `verispec.decoding.decode` (its target is a slot).
+
+        The policy, its drafters and `rng` must be this request's own (not shared with a
+        request running at the same time).
+
+        Raises:
+            ValueError: an empty prompt, or one that does not fit a slot's context.
+            RuntimeError: after `close()`.
+        """
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("prompt is empty: give at least one token")
+        if len(prompt) >= self.model.context_length:
+            raise ValueError(f"prompt has {len(prompt)} tokens but a slot's context length is "
+                             f"{self.model.context_length}; shorten the prompt or load the model "
+                             f"with a larger n_ctx_per_seq")
+        request = BatchedRequest(prompt, policy, dict(
+            sampling=sampling, max_new_tokens=max_new_tokens, rng=rng, rule=rule, stop=stop,
+            on_commit=on_commit, observer=observer))
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("this BatchedRounds is closed")
+            self._queue.append(request)
+            self._admit()
+        return request
+
+    def close(self) -> None:
+        """Refuse new requests, wait for the queued and running ones, stop the scheduler."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._scheduler.join()
+
+    # -- request threads ------------------------------------------------------------------
+    def _admit(self) -> None:
+        """Start queued requests while slots are free (holding the condition)."""
+        while self._queue and self.model.free_slots:
+            request = self._queue.pop(0)
+            view = self.model.open(view_type=_ParkedView)
+            view.driver, view.request = self, request
+            request.slot = view.slot
+            self._live[request] = view
+            self.max_live = max(self.max_live, len(self._live))
+            threading.Thread(target=self._run, args=(request, view), daemon=True,
+                             name=f"verispec-seq{view.slot}").start()
+
+    def _run(self, request: BatchedRequest, view: _ParkedView) -> None:
+        kwargs = dict(request.kwargs)
+        user_observer = kwargs.pop("observer")
+
+        def observer(record: RoundRecord) -> None:
+            if user_observer is not None:
+                user_observer(record)
+            if request.cancelled:
+                raise Cancelled("cancelled")
+
+        try:
+            if request.cancelled:
+                raise Cancelled("cancelled")
+            request._result = decode(view, request.prompt, request.policy, observer=observer, **kwargs)
+        except BaseException as e:   # noqa: BLE001 - handed to the caller by result()
+            request._error = e
+        finally:
+            view.close()
+            with self._cond:
+                del self._live[request]
+                self._parked.pop(request, None)
+                self._admit()
+                self._cond.notify_all()
+            request._done.set()
+
+    def _park(self, request: BatchedRequest, tokens: list[int], keep: int) -> torch.Tensor:
+        """Called by a request's view: wait for the shared forward and return this slot's rows.
+
+        Alone (no other live or queued request, no prefill to chunk) the request runs its
+        forward itself, without the hand-over to the scheduler thread: the same rows, the
+        same logits. A request admitted meanwhile is not served until this one parks.
+        """
+        with self._cond:
+            alone = (len(self._live) == 1 and not self._queue and
+                     (self.prefill_chunk is None or len(tokens) <= self.prefill_chunk))
+            if not alone:
+                self._parked[request] = (tokens, keep)
+        if alone:
+            costs = getattr(request.policy, "costs", None)
+            if isinstance(costs, OnlineCostCurve):
+                costs.set_load()
+            request.rows_last_round = len(tokens)
+            slot = self._live[request].slot
+            return self.model.score_rows({slot: (tokens, keep)})[slot]
+        with self._cond:
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: request in self._answers)
+            answer = self._answers.pop(request)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    # -- the scheduler ----------------------------------------------------------------------
+    def _ready(self) -> bool:
+        """Every live request is parked (holding the condition)."""
+        return bool(self._live) and len(self._parked) == len(self._live)
+
+    def _schedule(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._ready() or (self._closing and not self._live
+                                                               and not self._queue))
+                if not self._ready():
+                    return
+                parked, self._parked = self._parked, {}
+                slots = {r: self._live[r].slot for r in parked}
+            batch, unfinished = {}, {}
+            for request, (tokens, keep) in parked.items():
+                done = self._prefilled.get(request, 0)
+                chunk = self.prefill_chunk
+                if chunk is not None and keep == 1 and len(tokens) - done > chunk:
+                    batch[request] = (tokens[done:done + chunk], 0, done)   # no logits yet
+                    unfinished[request] = (tokens, keep)
+                    self._prefilled[request] = done + chunk
+                else:
+                    batch[request] = (tokens[done:], keep, done)
+                    self._prefilled.pop(request, None)
+            total = sum(len(plan[0]) for plan in batch.values())
+            for request, plan in batch.items():   # each request is parked: its policy idles
+                request.rows_last_round = len(plan[0])
+                costs = getattr(request.policy, "costs", None)
+                if isinstance(costs, OnlineCostCurve):
+                    costs.set_load(sequences=len(batch), other_rows=total - len(plan[0]))
+            try:
+                logits = self.model.score_rows({slots[r]: plan for r, plan in batch.items()})
+                answers = {r: logits[slots[r]] for r in batch if r not in unfinished}
+            except BaseException as e:   # noqa: BLE001 - every request in the forward gets it
+                answers = {r: e for r in batch}
+                unfinished = {}
+            self.forwards += 1
+            with self._cond:
+                self._answers.update(answers)
+                self._parked.update(unfinished)   # still parked: the rest of its prompt next round
+                self._cond.notify_all()
