@@ -18,7 +18,12 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from verispec.audit.endpoint import Endpoint, EndpointError, EndpointSettings, draw_samples
+from verispec.audit.endpoint import (
+    Endpoint,
+    EndpointError,
+    EndpointSettings,
+    draw_samples,
+)
 from verispec.serve import BackgroundServer
 
 DATA = Path(__file__).parent / "data" / "vllm"

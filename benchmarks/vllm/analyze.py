@@ -122,7 +122,7 @@ def main(configs: list[str]) -> None:
     for c, r in report.items():
         for g in r["grid"]:
             for q in g["positions"]:
-                f = lambda v, w=6, d=2: f"{v:{w}.{d}f}" if v is not None else " " * (w - 1) + "-"  # noqa: E731
+                f = lambda v, w=6, d=2: f"{v:{w}.{d}f}" if v is not None else " " * (w - 1) + "-"
                 print(f"{c:14s} {g['temperature']:4.1f} {g['top_k']:3d} {g['top_p']:4.2f} {q['position']:3d} {q['n']:4d} "
                       f"{q['impossible']:7d} {q['near_tie']:4d} {f(q['top1_observed'], 6, 3)}/{f(q['top1_expected'], 6, 3)} "
                       f"{f(q['top1_z'])} {f(q['ll_excess'], 9, 3)} {f(q['ll_z'])}")

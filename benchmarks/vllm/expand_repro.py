@@ -24,7 +24,7 @@ if "--patched" in sys.argv:
     import sitecustomize  # noqa: F401  (replaces the fallback before it is registered)
 
 current_platform.register_triton_kernel_overrides()
-from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE, expand_batch_to_tokens  # noqa: E402
+from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE, expand_batch_to_tokens
 
 # two requests with 3 and 2 draft tokens, as the sampler's metadata has them
 cu = torch.tensor([3, 5], dtype=torch.int32)
@@ -40,7 +40,7 @@ for what, x, rf, rt in cases:
         y = expand_batch_to_tokens(x, cu, 5, replace_from=rf, replace_to=rt)
         ok = torch.equal(y, want)
         bad += not ok
-        print(f"{what:13s} {str(x.dtype):13s} in {x.tolist()} -> {y.tolist()}  {'ok' if ok else 'WRONG'}")
+        print(f"{what:13s} {x.dtype!s:13s} in {x.tolist()} -> {y.tolist()}  {'ok' if ok else 'WRONG'}")
 print(f"vllm {__import__('vllm').__version__}, torch {torch.__version__}, triton overrides: "
       f"{'patched' if '--patched' in sys.argv else 'as shipped'}; wrong expansions: {bad}")
 sys.exit(1 if bad else 0)

@@ -14,7 +14,7 @@ import torch
 from vllm.platforms import current_platform
 
 current_platform.register_triton_kernel_overrides()        # loads vllm._C's CPU kernels too
-import vllm._C  # noqa: E402,F401
+import vllm._C  # noqa: F401
 
 torch.manual_seed(0)
 V, N = 8, 20000
