@@ -132,3 +132,24 @@ def test_without_a_clock_there_is_no_goodput_correction():
     policy = _policy("slow")
     _run(policy, 30, 0.9)
     assert policy.goodput_factor("slow") == 1.0
+
+
+def test_plain_goodput_under_load_waits_for_t1_and_prices_the_loaded_step():
+    """A batched request's plain rounds are filed under 1 + R rows, so T_t(1) may be unknown
+    when the first one ends: the goodput correction must wait (it raised ValueError, found by
+    the batching driver), and under B sequences price the plain step as T_t(B)."""
+    clock = ScriptedClock()
+    policy = AdaptivePolicy({"d": Fake("d")}, probe_every=10_000, clock=clock)
+    policy.start(None)
+    policy.costs.set_load(sequences=2, other_rows=1)
+    policy.choose([1, 2, 3])
+    clock.now += 2 * T1
+    _plain(policy)                                   # T_t(1) unknown: must not raise
+    assert policy.plain_goodput.weight == 0
+    policy.costs.set_load(sequences=1, other_rows=0)
+    policy.seed_costs(CURVE, "d")
+    policy.costs.set_load(sequences=2, other_rows=0)
+    policy.choose([1, 2, 3])
+    clock.now += policy.costs.target(2)
+    _plain(policy)
+    assert policy.plain_goodput.weight > 0 and abs(policy.plain_goodput.mean - 1.0) < 1e-9

@@ -357,8 +357,9 @@ class AdaptivePolicy(Policy):
         self.costs.observe_target(record.width, record.target_seconds)
         self.rounds_since_plain = 0 if record.k == 0 else self.rounds_since_plain + 1
         wall = self._wall(record)
-        if record.k == 0 and wall is not None:
-            self.plain_goodput.add(self.costs.target(1) / wall, self.decay)
+        if record.k == 0 and wall is not None and self.costs.ready:
+            # priced as the plain step under the current load: T_t(B), T_t(1) when alone
+            self.plain_goodput.add(self.costs.target(self.costs.sequences) / wall, self.decay)
         for name in self.drafters:
             if name != record.drafter or record.k == 0:
                 self.estimates.relax(name, self.relax)
