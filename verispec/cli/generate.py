@@ -88,6 +88,7 @@ def generate(
         out.update(compare_noise(result.stats.tokens_per_second or 0.0,
                                  [p.stats.tokens_per_second or 0.0 for p in plains]))
         out["identical_to_plain"] = plain.token_ids == result.token_ids
+        out["within_noise"] = out["within_noise"] or not result.stats.drafted
     if as_json:
         print(json.dumps(out, default=str))
         return
@@ -103,6 +104,8 @@ def generate(
         noise = (f"plain twice: {plain.stats.tokens_per_second:.2f} and "
                  f"{plains[1].stats.tokens_per_second:.2f} tok/s, so ratios within ±{out['noise']:.1%} are noise"
                  + ("; this one is" if out["within_noise"] else ""))
+        if not result.stats.drafted:   # every round was plain: no ratio can be a speedup
+            noise += "; nothing was drafted, so this run was plain decoding and its ratio is noise"
         err.print(f"speculative: {result.stats.tokens_per_second:.2f} tok/s; speedup "
                   f"{out['speedup']:.2f}x over plain ({noise}); {note}")
 
