@@ -22,6 +22,10 @@ def test_check_methods():
     assert B.default_methods("transformers", has_draft=False) == [
         "plain", "verispec-lookup", "verispec-suffix", "hf-prompt-lookup"]
     assert B.quick_methods("transformers")[-1] == "hf-assisted"
+    # --quick without a draft model drops what needs one (it blamed --methods, never given)
+    no_draft = B.quick_methods("llamacpp", has_draft=False)
+    assert len(no_draft) > 1 and no_draft == B.check_methods(no_draft, "llamacpp", False)
+    assert all(not B.METHODS[m].needs_draft for m in no_draft)
 
 
 def test_every_method_names_a_real_drafter_choice():

@@ -101,8 +101,11 @@ def default_methods(backend: str, has_draft: bool = True) -> list[str]:
             if s.default and _runs_on(s, backend) and (has_draft or not s.needs_draft)]
 
 
-def quick_methods(backend: str) -> list[str]:
-    """The --quick preset's methods: plain, verispec, verispec-auto (+ hf-assisted on transformers)."""
+def quick_methods(backend: str, has_draft: bool = True) -> list[str]:
+    """The --quick preset's methods: plain, verispec, verispec-auto (+ hf-assisted on
+    transformers); without a draft model, the model-free defaults (prompt lookup, suffix)."""
+    if not has_draft:
+        return default_methods(backend, has_draft=False)
     return [m for m, s in METHODS.items() if s.quick and _runs_on(s, backend)]
 
 

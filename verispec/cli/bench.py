@@ -109,7 +109,7 @@ def bench(
             method_list = ["plain", "plain-again", "endpoint"]
         else:
             if method_list is None:
-                method_list = (B.quick_methods(backend) if quick
+                method_list = (B.quick_methods(backend, draft is not None) if quick
                                else B.default_methods(backend, draft is not None))
             method_list = B.check_methods(method_list, backend, draft is not None)
         category_list = B.parse_list(categories) or list(B.QUICK_CATEGORIES if quick else DEFAULT_CATEGORIES)
