@@ -61,7 +61,7 @@ def test_plan_alpha_from_analysis_uses_its_models_and_alphas():
     (["--alpha", "0.7", "--batch", "0"], "--batch"),
     (["--alpha", "0.7", "--tau-k", "3"], "--tau-k"),
     (["--tau", "9", "--tau-k", "3"], "--tau"),
-    (["--alpha", "0.7", "--alpha-from", "x.json"], "give one of --alpha"),
+    (["--alpha", "0.7", "--alpha-from", "x.json"], "--alpha and --alpha-from"),
     (["--alpha", "0.7", "--plot", "out.jpg"], "--plot"),
     (["--alpha", "0.7", "--stack", "warp-drive"], "--stack"),
     (["--alpha", "0.7", "--drafter", "magic"], "--drafter"),
@@ -133,3 +133,14 @@ def test_analyze_hardware_projects_the_measured_alpha_and_writes_plan_json(tmp_p
     assert saved["alphas"] == pytest.approx(data["overall"]["alphas"][:saved["k_max"]])
     r = CliRunner().invoke(app, ["analyze", "--prompts", str(prompts), "--out", str(out), "--hardware", "h100"])
     assert r.exit_code == 0 and "predicted cost curve" in r.output and "k* =" in r.output
+
+
+def test_any_registered_drafter_is_planned_for():
+    """--drafter reads the DRAFTERS table: a model-free drafter (suffix) needs no --draft,
+    and plans as prompt lookup does (no drafting cost)."""
+    suffix = run("--target", "llama-2-7b", "--hardware", "a100", "--alpha", "0.6", "--drafter", "suffix")
+    lookup = run("--target", "llama-2-7b", "--hardware", "a100", "--alpha", "0.6", "--drafter", "lookup")
+    assert suffix.exit_code == 0 and lookup.exit_code == 0, suffix.output + lookup.output
+    assert "k* =" in suffix.output and suffix.output.split("k* =")[1][:20] == lookup.output.split("k* =")[1][:20]
+    needs = run("--target", "llama-2-7b", "--hardware", "a100", "--alpha", "0.6", "--drafter", "model")
+    assert needs.exit_code == 2 and "--draft is required with --drafter model" in needs.output

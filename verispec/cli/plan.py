@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..drafters import DRAFTERS
 from ..models import BACKENDS
 from .common import err, fail
 
@@ -151,7 +152,8 @@ def plan(
                                          "meta-llama/Meta-Llama-3.1-8B-Instruct, llama3.1:8b), registered model, "
                                          "config.json / HF directory, or .gguf file"),
     draft: Optional[str] = typer.Option(None, "--draft", help="draft model, same forms as --target"),
-    drafter: str = typer.Option("model", "--drafter", help="model or lookup (prompt lookup: no draft model)"),
+    drafter: str = typer.Option("model", "--drafter", help="the drafter planned for: "
+                                + ", ".join(DRAFTERS) + " (all but a draft model draft at no cost)"),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="catalogue name (m1, m4-max, rtx4090, 7950x, "
                                            "h100, ...; --list-hardware), a spec 'bw=2039GB/s,flops=312T,mem=80GB,n=2', "
                                            "a name with overrides 'h100,n=2', or local"),
@@ -195,13 +197,16 @@ def plan(
     if hardware is None:
         _fail("--hardware is required (a catalogue name such as m4-max or rtx4090, a spec like "
               "'bw=2039GB/s,flops=312T', or local; --list-hardware shows the catalogue)", as_json)
-    if drafter not in ("model", "lookup"):
-        _fail(f"--drafter must be model or lookup, got {drafter!r}", as_json)
-    given = sum(x is not None for x in (alpha, alpha_from, tau, metrics_url))
-    if given == 0:
+    if drafter not in DRAFTERS:
+        _fail(f"--drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}", as_json)
+    with_model = DRAFTERS[drafter].needs_model
+    given = [name for name, x in (("--alpha", alpha), ("--alpha-from", alpha_from), ("--tau", tau),
+                                  ("--metrics-url", metrics_url)) if x is not None]
+    if not given:
         _fail(f"--alpha: missing. {ALPHA_HELP}", as_json)
-    if given > 1:
-        _fail("give one of --alpha, --alpha-from, --tau or --metrics-url", as_json)
+    if len(given) > 1:
+        _fail(f"give only one of --alpha, --alpha-from, --tau or --metrics-url; got {' and '.join(given)}",
+              as_json)
     if tau_k is not None and tau is None:
         _fail("--tau-k needs --tau", as_json)
     if metrics_model is not None and metrics_url is None:
@@ -242,22 +247,23 @@ def plan(
         else:
             stack_obj = stack
         if alpha_from is not None:
-            if drafter == "lookup":
+            if not with_model:
                 draft = None
             result = planlib.project_analysis(alpha_from, hw, category=category, target=target, draft=draft,
                                               stack=stack_obj, **kwargs)
         else:
             if target is None:
                 _fail("--target is required (or --alpha-from an analysis.json that names it)", as_json)
-            if drafter == "model" and draft is None:
-                _fail("--draft is required with --drafter model (or pass --drafter lookup)", as_json)
+            if with_model and draft is None:
+                _fail(f"--draft is required with --drafter {drafter} (or pass a model-free --drafter "
+                      "such as suffix or lookup)", as_json)
             alpha_kw: dict = dict(alpha=alpha, tau=tau, tau_k=tau_k)
             if metrics_url is not None:
                 served = server_alpha.read_acceptance(server_alpha.fetch_metrics(metrics_url), metrics_model, level)
                 km = kwargs.get("k_max", 8)
                 alpha_kw = dict(alphas=served.alphas(km), alpha_source=f"{metrics_url} ({served.prefix})",
                                 alpha_draws=served.draw(km, 4000))
-            result = planlib.plan(target, draft if drafter == "model" else None, hw, stack=stack_obj,
+            result = planlib.plan(target, draft if with_model else None, hw, stack=stack_obj,
                                   **alpha_kw, **kwargs)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e), as_json)
