@@ -102,3 +102,23 @@ def successor(wrong_after=None, name="succ", vocab=6):
         out[nxt] = 0.0
         return out
     return FunctionModel(fn, vocab, name=name)
+
+
+class RepeatLast:
+    """A point-mass drafter written outside verispec (the README's example): the last token
+    again, k times. Shared by the tests that register or pass a drafter object."""
+
+    name, point_mass, alpha_prior = "repeat", True, 0.5
+    forwards, seconds, catchup_seconds = 0, 0.0, 0.0
+
+    def available(self, context):
+        return 8
+
+    def propose(self, context, k, sample):
+        return [context[-1]] * k, None
+
+    def rollback(self, committed):
+        pass
+
+    def reset(self):
+        pass

@@ -12,6 +12,8 @@ from verispec.encoding import PromptError
 from verispec.sampling import SamplingConfig, SettingError
 from verispec.serve import BackgroundServer, create_app
 
+from conftest import RepeatLast
+
 PROMPT = [3, 1, 4, 1, 5]
 
 
@@ -23,25 +25,6 @@ class Recording(SpeculativeDecoder):
     def generate(self, prompt, **kw):
         self.calls.append(kw)
         return super().generate(prompt, **kw)
-
-
-class RepeatLast:
-    """A point-mass drafter of our own: proposes the last token again, k times."""
-
-    name, point_mass, alpha_prior = "repeat", True, 0.5
-    forwards, seconds, catchup_seconds = 0, 0.0, 0.0
-
-    def available(self, context):
-        return 8
-
-    def propose(self, context, k, sample):
-        return [context[-1]] * k, None
-
-    def rollback(self, committed):
-        pass
-
-    def reset(self):
-        pass
 
 
 @pytest.fixture(scope="module")

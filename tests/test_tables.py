@@ -18,6 +18,8 @@ from verispec.models.toy import FunctionModel
 from verispec.serve import BackgroundServer, create_app
 from verispec.verify import RULES, UniformRule, min_one_p_over_q, verify
 
+from conftest import RepeatLast
+
 V = 96
 
 
@@ -52,25 +54,6 @@ class CharBackend(FunctionModel):
     @classmethod
     def open(cls, spec, *, fetch_missing=True):
         return cls(char_logits, V, context_length=512, name=f"char:{spec}")
-
-
-class RepeatLast:
-    """A point-mass drafter: the last token again, k times."""
-
-    name, point_mass, alpha_prior = "repeat", True, 0.5
-    forwards, seconds, catchup_seconds = 0, 0.0, 0.0
-
-    def available(self, context):
-        return 8
-
-    def propose(self, context, k, sample):
-        return [context[-1]] * k, None
-
-    def rollback(self, committed):
-        pass
-
-    def reset(self):
-        pass
 
 
 @pytest.fixture

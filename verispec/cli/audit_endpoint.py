@@ -22,6 +22,19 @@ from .common import err, fail
 _REFERENCE_SEEDS = 1_000_000_000     # the reference server's seeds: disjoint from the endpoint's
 
 
+def load_reference(target: str, backend: str | None, threads: int | None, role: str):
+    """Load `--target` (the local reference model) on `backend` (default: this machine's);
+    any registry, file or backend error exits with a message naming --target."""
+    from ..api import load_model   # deferred: torch and the backends load only when asked for
+    from .common import default_backend
+
+    backend = backend or default_backend()
+    try:
+        with err.status(f"loading {target} ({backend}) {role}"):
+            return load_model(target, backend=backend, n_threads=threads)
+    except Exception as e:  # noqa: BLE001 (registry, file and backend errors alike)
+        fail(f"--target {target}: {e}")
+
 def parse_prompt_ids(text: str) -> list[int]:
     """'1,2,3' or '1 2 3' or '[1, 2, 3]' -> ids, or a clear error naming --prompt-ids."""
     items = text.replace("[", " ").replace("]", " ").replace(",", " ").split()
@@ -64,15 +77,7 @@ def run_endpoint_audit(*, endpoint: str, api_key: Optional[str], model: Optional
     start = time.perf_counter()
     target_model = None
     if target is not None:
-        from ..api import load_model
-        from .common import default_backend
-
-        backend = backend or default_backend()
-        try:
-            with err.status(f"loading target {target} ({backend}) for the exact reference"):
-                target_model = load_model(target, backend=backend, n_threads=threads)
-        except Exception as e:  # noqa: BLE001 (registry, file and backend errors alike)
-            fail(f"--target {target}: {e}")
+        target_model = load_reference(target, backend, threads, "for the exact reference")
     ids_note = None
     if prompt_ids is not None:
         the_prompt: str | tuple[int, ...] = tuple(parse_prompt_ids(prompt_ids))
@@ -203,15 +208,7 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
     if concurrency < 1:
         fail(f"--concurrency must be >= 1, got {concurrency}")
     names = _parse_probes(probes)
-    from ..api import load_model
-    from .common import default_backend
-
-    backend = backend or default_backend()
-    try:
-        with err.status(f"loading the reference {target} ({backend})"):
-            reference = load_model(target, backend=backend, n_threads=threads)
-    except Exception as e:  # noqa: BLE001 (registry, file and backend errors alike)
-        fail(f"--target {target}: {e}")
+    reference = load_reference(target, backend, threads, "as the reference")
     tok = reference.tokenizer
     if prompt_ids is not None:
         prompts = [parse_prompt_ids(prompt_ids)]
