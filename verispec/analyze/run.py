@@ -203,7 +203,7 @@ def run_analysis(
         "version": 1,
         "prompt_selection": dict(PROMPT_SELECTION),
         "target": target.name, "draft": draft.name if draft is not None else None,
-        "drafter": drafter_kind, "backend": getattr(target, "backend", None),
+        "drafter": drafter_kind, "backend": target.backend or None,
         "sampling": asdict(config.sampling), "seed": config.seed, "k_max": K,
         "max_new_tokens": config.max_new_tokens, "stride": config.stride,
         "alpha_method": "exact sum min(p_i, q_i) on the target's trajectory, w-weighted by the "

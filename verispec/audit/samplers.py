@@ -108,7 +108,7 @@ def _transformers_model(model, argument: str):
         TypeError: `model` is neither a `CausalLM` nor a transformers model.
     """
     if isinstance(model, CausalLM):
-        backend = getattr(model, "backend", type(model).__name__)
+        backend = model.backend or type(model).__name__
         if backend != "transformers":
             raise ValueError(
                 f"{argument}: transformers' assisted generation needs transformers models, but "

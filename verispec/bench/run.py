@@ -137,7 +137,7 @@ def run_bench(questions: Sequence[Prompt], methods: Sequence[str] | None = None,
             raise BenchError("an endpoint cannot be named 'plain' beside a loaded target "
                              "(plain is verispec's own k = 0 loop); rename it")
         target_model, draft_model = _models(target, draft, backend)
-        backend = getattr(target_model, "backend", None) or type(target_model).__name__
+        backend = target_model.backend or type(target_model).__name__
         methods = check_methods([m for m in (methods if methods is not None
                                              else default_methods(backend, draft_model is not None))
                                  if m not in endpoints],

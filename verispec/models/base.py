@@ -27,9 +27,11 @@ class CausalLM(ABC):
         eos_token_ids: ids that end generation.
         tokenizer: a Hugging Face-style tokenizer or None (toy models).
         name: human-readable name for statistics.
+        backend: the `BACKENDS` name this class implements ("" for a model outside the table).
         forward_seconds: wall seconds spent in `_extend`, accumulated.
     """
 
+    backend: str = ""
     vocab_size: int
     context_length: int
     eos_token_ids: frozenset[int] = frozenset()
