@@ -331,11 +331,15 @@ class SeededRandomness:
         so drafts and plain decoding that race on the same key are coupled."""
         if int(torch.count_nonzero(probs)) == 1:  # exact point mass (greedy): no draw
             return int(probs.argmax())
-        e = self.generator(position, stream).standard_exponential(probs.shape[-1], dtype=np.float32)
-        race = probs / torch.from_numpy(e)
-        # float32 exponentials are exactly 0 about once in 4·10^7 draws (~2 % of draws over a
-        # 152k vocabulary): 0 / 0 = NaN, which argmax takes as the largest, would emit a token
-        # of probability 0. A token outside the support never wins the race.
+        # float64 exponentials: float32 ones come on a grid of about 5e-7 near 0, so a token
+        # with p_j far below that grid won whenever its E_j drew the first grid point — with
+        # probability ~5e-7 instead of p_j. Over a 49k vocabulary of p_j ~ 1e-9 that put ~0.6 %
+        # of draws in the far tail (found by the endpoint audit's log-likelihood statistic,
+        # -0.15 nats/token on verispec serve). In float64 the grid is ~1e-15.
+        e = self.generator(position, stream).standard_exponential(probs.shape[-1])
+        race = probs.double() / torch.from_numpy(e)
+        # an exponential of exactly 0 gives 0 / 0 = NaN for p_j = 0, which argmax takes as the
+        # largest: a token outside the support never wins the race.
         return int(torch.argmax(race.masked_fill(probs <= 0, -1.0)))
 
     def uniform(self, n: int, position: int) -> torch.Tensor:
