@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import os
 
@@ -122,3 +123,24 @@ class RepeatLast:
 
     def reset(self):
         pass
+
+
+# llama.cpp exactness tests: one skip marker, one prompt set, one way to load the model
+needs_llama_cpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                     reason="llama-cpp-python not installed")
+
+LLAMACPP_PROMPTS = [
+    "Repeat this list exactly twice: apple, banana, cherry, date, elderberry, fig, grape.",
+    "Write a Python function that returns the sum of a list of numbers.",
+    "Count from one to twenty in words, separated by commas.",
+]
+
+
+def smol_batch_invariant():
+    """SmolLM2-135M on llama.cpp in the batch-invariant mode (a verification forward scores
+    its rows bit for bit as single steps), as every llama.cpp exactness test runs it."""
+    from verispec.api import load_model
+
+    model = load_model("smollm2-135m", backend="llamacpp", batch_invariant=True)
+    assert model.batch_invariant
+    return model

@@ -6,18 +6,16 @@ equal its solo `decode` token for token and each seeded sample (coupled rule) it
 solo sample. SmolLM2-135M (GGUF), batch-invariant mode, a few dozen tokens each.
 """
 
-import importlib.util
 import threading
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                reason="llama-cpp-python not installed")
+from conftest import LLAMACPP_PROMPTS, needs_llama_cpp, smol_batch_invariant
+
+pytestmark = needs_llama_cpp
 
 PROMPTS = [
-    "Repeat this list exactly twice: apple, banana, cherry, date, elderberry, fig, grape.",
-    "Write a Python function that returns the sum of a list of numbers.",
-    "Count from one to twenty in words, separated by commas.",
+    *LLAMACPP_PROMPTS,
     "The capital of France is Paris. The capital of Italy is",
 ]
 WAIT = 300   # seconds: a hang guard, not a timing assertion
@@ -25,9 +23,7 @@ WAIT = 300   # seconds: a hang guard, not a timing assertion
 
 @pytest.fixture(scope="module")
 def solo():
-    from verispec.api import load_model
-
-    return load_model("smollm2-135m", backend="llamacpp", batch_invariant=True)
+    return smol_batch_invariant()
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,13 @@ replayed, call for call, on a solo `LlamaCppModel`, and the logits must be equal
 SmolLM2-135M (GGUF), batch-invariant mode.
 """
 
-import importlib.util
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                reason="llama-cpp-python not installed")
+from conftest import needs_llama_cpp, smol_batch_invariant
+
+pytestmark = needs_llama_cpp
 
 TEXT = ("Write a Python function that returns the sum of a list of numbers. "
         "Count from one to twenty in words, separated by commas. "
@@ -22,11 +22,7 @@ TEXT = ("Write a Python function that returns the sum of a list of numbers. "
 
 @pytest.fixture(scope="module")
 def solo():
-    from verispec.api import load_model
-
-    model = load_model("smollm2-135m", backend="llamacpp", batch_invariant=True)
-    assert model.batch_invariant
-    return model
+    return smol_batch_invariant()
 
 
 @pytest.fixture(scope="module")

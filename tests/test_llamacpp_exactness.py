@@ -8,28 +8,20 @@ a single-token forward exactly, so speculative decoding on llama.cpp is token-fo
 and a model used as its own draft is never rejected. All on SmolLM2-135M (GGUF).
 """
 
-import importlib.util
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                reason="llama-cpp-python not installed")
+from conftest import LLAMACPP_PROMPTS, needs_llama_cpp, smol_batch_invariant
 
-PROMPTS = [
-    "Repeat this list exactly twice: apple, banana, cherry, date, elderberry, fig, grape.",
-    "Write a Python function that returns the sum of a list of numbers.",
-    "Count from one to twenty in words, separated by commas.",
-]
+pytestmark = needs_llama_cpp
+
+PROMPTS = LLAMACPP_PROMPTS
 
 
 @pytest.fixture(scope="module")
 def smol():
-    from verispec.api import load_model
-
-    model = load_model("smollm2-135m", backend="llamacpp", batch_invariant=True)
-    assert model.batch_invariant
-    return model
+    return smol_batch_invariant()
 
 
 @pytest.fixture(scope="module")

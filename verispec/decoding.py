@@ -26,7 +26,7 @@ import torch
 
 from .drafters.base import Drafter, DraftSampler, point_masses
 from .models.base import CausalLM
-from .sampling import Randomness, SamplingConfig, warp
+from .sampling import NAN_LOGITS, Randomness, SamplingConfig, warp
 from .verify import Rule, alpha, standard
 
 
@@ -359,7 +359,7 @@ def decode(
             t_target = target.forward_seconds - before
             top, y = logits[-1].max(-1)          # max propagates NaN: the same guard as `warp`
             if top.isnan():
-                raise FloatingPointError("the model returned NaN logits; no distribution can be sampled from them")
+                raise FloatingPointError(NAN_LOGITS)
             n, y = 0, int(y)
         else:
             logits, p, t_target = _verification_forward(target, seq, x, sampling, width, len(prompt))

@@ -46,6 +46,9 @@ class SettingError(ValueError):
         self.name = name
 
 
+#: The error a NaN in the model's logits raises, wherever a token is chosen from them.
+NAN_LOGITS = "the model returned NaN logits; no distribution can be sampled from them"
+
 #: Accepted repetition penalties r: l / r and l · r must stay finite for any float32
 #: logit (r -> 0 or r -> inf has no distribution to tend to); 1 = off.
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
@@ -205,7 +208,7 @@ def warp(logits: torch.Tensor, config: SamplingConfig, history: Sequence[int] | 
             raise ValueError("this SamplingConfig has history-dependent controls: pass history")
         logits = apply_controls(logits, config, history, n_prompt, drafts)
     if bool(torch.isnan(logits).any()):
-        raise FloatingPointError("the model returned NaN logits; no distribution can be sampled from them")
+        raise FloatingPointError(NAN_LOGITS)
     logits_before_t = logits
     allowed = logits > float("-inf")
     if not bool(allowed.any(-1).all()):
