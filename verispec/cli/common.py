@@ -29,15 +29,14 @@ def sampling_or_fail(temperature: float, top_k: int, top_p: float, **controls):
         **controls: `SamplingConfig` control fields (min_p, repetition_penalty, ...),
             as `controls_from_options` returns them.
     """
-    from ..sampling import SamplingConfig
+    from ..sampling import SamplingConfig, SettingError
 
     try:
         return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, **controls)
-    except ValueError as e:
+    except SettingError as e:     # names its field: spell it as the option it came from
+        option = "--" + e.name.replace("_", "-")
         message = str(e)
-        for name in ("temperature", "top_k", "top_p", *controls):
-            message = message.replace(name, "--" + name.replace("_", "-"))
-        fail(message)
+        fail(option + message[len(e.name):] if message.startswith(e.name) else f"{option}: {message}")
 
 
 # The sampling controls' options, shared by every command that samples.
