@@ -29,11 +29,14 @@ done
 audit=(audit --endpoint "$endpoint" "${reference[@]}" --target "$gguf" --backend llamacpp --threads 1 "$@")
 t0=$(date +%s)
 PYTHONPATH=$root nice -n 10 "$py" -m verispec.cli "${audit[@]}" --report "$here/$name" > "$here/$name.body" 2> /tmp/verispec-audit-$name.err || true
-drafted=$(curl -s http://127.0.0.1:8322/slots 2>/dev/null | head -c 2000 | grep -o '"speculative[^}]*' | head -1 || true)
+# what the audited server drafted, summed over its per-request timing lines
+drafted=$(grep -o 'draft acceptance = [0-9.]* ( *[0-9]* accepted / *[0-9]* generated)' /tmp/llama-server-spec.log 2>/dev/null \
+  | awk '{a += $6; g += $9; n++} END {if (n) printf "%d requests drafted: %d of %d draft tokens accepted (%.3f)", n, a, g, a / g}' || true)
 {
   echo "# verispec audit --endpoint (token level): $name"
   echo "# reference server: llama-server $common --port 8321"
   [ -n "$spec" ] && echo "# audited server: llama-server $common --port 8322 $spec"
+  [ -n "$spec" ] && echo "# drafting: ${drafted:-none recorded}"
   echo "# command: verispec ${audit[*]} --report benchmarks/audit/$name"
   echo "# started $start, $(( $(date +%s) - t0 )) s; machine: $(uname -m), $(nproc) cores shared with other jobs, load: $(uptime | sed 's/.*load average: //')"
   echo "# versions: verispec $(git -C "$root" rev-parse --short HEAD), llama.cpp $(basename "$(dirname "$bin")"), llama-cpp-python $("$py" -c 'import llama_cpp; print(llama_cpp.__version__)'), scipy $("$py" -c 'import scipy; print(scipy.__version__)')"
