@@ -5,7 +5,7 @@
 # compared completion by completion (`--reference-endpoint`, disjoint seeds); the local exact p
 # (verispec's llama.cpp backend) is the scoring function and is reported beside. SPEC empty:
 # the spec-off server audited against the local exact p alone. Committed as NAME.txt + NAME/.
-# Run it under the heavy lock:
+# The draft model comes from make_draft.py. Run it under the heavy lock:
 #   flock /tmp/verispec-heavy.lock benchmarks/audit/run_tokens_llama_server.sh NAME "SPEC" -- audit options...
 set -euo pipefail
 name=$1; spec=$2; shift 3
