@@ -28,7 +28,10 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 from verispec import registry
 from verispec.api import SpeculativeDecoder
@@ -52,6 +55,37 @@ def llama_bench(binary: Path, model: str, threads: int, reps: int, extra: list[s
     return got
 
 
+def bare_speeds(model: LlamaCppModel, long_ids: list[int], short_ids: list[int], n: int = 128) -> dict:
+    """The same measurements with the llama.cpp library verispec loads and no verispec code:
+    `llama_decode` on the model's own context, a greedy numpy argmax on the logits in place
+    (what a minimal llama-cpp-python loop costs; verispec / bare is verispec's own overhead)."""
+    ctx, batch, vocab = model.llama._ctx, model._batch, model.vocab_size
+
+    def feed(ids: list[int], pos: int) -> np.ndarray:
+        b = batch.batch
+        b.n_tokens = len(ids)
+        for i, tok in enumerate(ids):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos + i, 1, i == len(ids) - 1
+            b.seq_id[i][0] = 0
+        ctx.decode(batch)
+        return np.ctypeslib.as_array(ctx.get_logits(), shape=(1, vocab))[0]
+
+    model.reset()
+    t = time.perf_counter()
+    feed(long_ids[:-1], 0)
+    prefill = (len(long_ids) - 1) / (time.perf_counter() - t)
+    model.reset()
+    feed(short_ids[:-1], 0)
+    tok, pos = short_ids[-1], len(short_ids) - 1
+    t = time.perf_counter()
+    for _ in range(n):
+        tok = int(np.argmax(feed([tok], pos)))
+        pos += 1
+    decode = n / (time.perf_counter() - t)
+    model.reset()
+    return {"prefill": prefill, "decode": decode}
+
+
 def verispec_speeds(decoder: SpeculativeDecoder, long_ids: list[int], short_ids: list[int]) -> dict:
     """verispec's prefill and k = 0 decode tokens/s (caches emptied first)."""
     decoder.target.reset()
@@ -71,7 +105,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bench-reps", type=int, default=2, help="llama-bench -r per repeat")
-    ap.add_argument("--native-args", default="--repack 0", help="more llama-bench arguments")
+    ap.add_argument("--native-args", default=["--repack 0"], action="append",
+                    help="more llama-bench arguments; repeat the option for several native rows "
+                         "(the first is the reference of the ratios)")
+    ap.add_argument("--bare", action="store_true",
+                    help="also measure a bare llama-cpp-python loop on verispec's model (no verispec code)")
     ap.add_argument("--out", default=None, help="write the figures here as JSON")
     args = ap.parse_args()
 
@@ -85,18 +123,24 @@ def main() -> None:
     assert len(long_ids) == 512
     for d in decoders.values():          # warm-up
         verispec_speeds(d, long_ids[:64], short_ids)
+    natives = args.native_args[1:] if len(args.native_args) > 1 else args.native_args
+    names = ["llama-bench" if i == 0 else f"llama-bench {a}" for i, a in enumerate(natives)]
 
     repeats = []
     for i in range(args.repeats):
-        row = {"llama-bench": llama_bench(Path(args.bin_dir) / "llama-bench", str(t.gguf_path),
-                                          args.threads, args.bench_reps, args.native_args.split())}
+        row = {}
+        for name, extra in zip(names, natives):
+            row[name] = llama_bench(Path(args.bin_dir) / "llama-bench", str(t.gguf_path),
+                                    args.threads, args.bench_reps, extra.split())
         for name, d in decoders.items():
             row[name] = verispec_speeds(d, long_ids, short_ids)
+        if args.bare:
+            row["bare llama-cpp-python"] = bare_speeds(variants["verispec"], long_ids, short_ids)
         repeats.append(row)
         print(json.dumps(row), file=sys.stderr)
 
     summary = {}
-    for name in decoders:
+    for name in [n for n in repeats[0] if n != "llama-bench"]:
         for what in ("prefill", "decode"):
             ratios = [r[name][what] / r["llama-bench"][what] for r in repeats]
             summary[f"{name} {what}"] = {"median_ratio": statistics.median(ratios),
