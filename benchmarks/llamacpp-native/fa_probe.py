@@ -15,8 +15,8 @@ measures, interleaved, on verispec's llama.cpp library (no extra buffer types):
 
 prefill (511 tokens), decode of 128 tokens from a short prompt, and decode of 64
 tokens after the 511-token prompt (KV >= 512: the split path for `on`). It also
-checks on-pad2's exactness: row i of a 5-token forward after 505 tokens of context (512 KV cells)
-against padded single steps, bit for bit.
+checks each configuration's exactness: a 5-token forward after 505 tokens of context
+(512 KV cells) against 5 single steps (padded for on-pad2), bit for bit.
 
     flock /tmp/verispec-heavy.lock flock /tmp/verispec-quiet.lock \
         .venv/bin/python benchmarks/llamacpp-native/fa_probe.py --repeats 2

@@ -118,7 +118,7 @@ def main() -> None:
     decoders = {k: SpeculativeDecoder(m, None, drafter="none") for k, m in variants.items()}
     any_decoder = decoders["verispec"]
     short_ids = any_decoder.encode(CODE)
-    filler = any_decoder.target.tokenizer(("def f(x):\n    return x + 1\n" * 200))["input_ids"]
+    filler = any_decoder.target.tokenizer("def f(x):\n    return x + 1\n" * 200)["input_ids"]
     long_ids = (short_ids + filler)[:512]
     assert len(long_ids) == 512
     for d in decoders.values():          # warm-up
