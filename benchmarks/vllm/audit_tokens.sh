@@ -16,13 +16,13 @@
 #  4. /metrics of the spec server (its speculative-decoding counters) and probe.py (top-k last).
 # Reports: benchmarks/audit/tokens-vllm-cpu-NAME.txt (header: command, machine, versions) and NAME/
 # (report.md, audit.json, PNGs); raw samples under benchmarks/vllm/runs/tokens-CONFIG/.
-# Environment: N (25), M (32), T (0.8), TOL (0.02), GREEDY_M (64), NO_PROBE=1 (skip probe.py), SPEC_PATCH=1 (the spec server runs
+# Environment: N (32), M (32), T (0.8), TOL (0.02), GREEDY_M (64), NO_PROBE=1 (skip probe.py), OFF_N (N of step 3; WITH_OFF=resume: add to step 3's samples), SAMPLED_ONLY=1 / GREEDY_ONLY=1 (skip step 2 / 1), SPEC_PATCH=1 (the spec server runs
 # with the candidate expand fix, patch/sitecustomize.py; reports get a -patched suffix), WITH_OFF=1.
 set -euo pipefail
 spec_config=${1:?usage: audit_tokens.sh ngram|draft|suffix}
 here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd)
 vs_py=${PYTHON:-$root/.venv/bin/python}; [[ -x "$vs_py" ]] || vs_py=/work/main/.venv/bin/python
-N=${N:-25}; M=${M:-32}; T=${T:-0.8}; TOL=${TOL:-0.02}; GREEDY_M=${GREEDY_M:-64}
+N=${N:-32}; M=${M:-32}; T=${T:-0.8}; TOL=${TOL:-0.02}; GREEDY_M=${GREEDY_M:-64}
 SPEC_BENCH=${VERISPEC_SPEC_BENCH:-$root/../shared/data/spec_bench/question.jsonl}
 [[ -f "$SPEC_BENCH" ]] || SPEC_BENCH=/work/shared/data/spec_bench/question.jsonl
 suffix=${SPEC_PATCH:+-patched}
@@ -56,7 +56,7 @@ record() {   # record NAME NOTE -- audit options...: run one audit, write NAME.t
 
 job() {   # runs while both servers are up: OFF_URL (spec off), VLLM_URL (spec on)
   local common=(--model "$VLLM_MODEL" --target smollm2-135m --backend transformers)
-  AUDIT_TIMEOUT=${SAMPLED_TIMEOUT:-540} record "tokens-vllm-cpu-$tag-t$T" "spec-on: speculative config $VLLM_SPEC${SPEC_PATCH:+ (SPEC_PATCH=1: patch/sitecustomize.py replaces the CPU expand fallback)}; reference endpoint: the same server without speculation" -- \
+  [[ -z "${GREEDY_ONLY:-}" ]] && AUDIT_TIMEOUT=${SAMPLED_TIMEOUT:-540} record "tokens-vllm-cpu-$tag-t$T" "spec-on: speculative config $VLLM_SPEC${SPEC_PATCH:+ (SPEC_PATCH=1: patch/sitecustomize.py replaces the CPU expand fallback)}; reference endpoint: the same server without speculation" -- \
     --endpoint "$VLLM_URL" --reference-endpoint "$OFF_URL" "${common[@]}" --prompts "$here/audit_prompts.txt" \
     --per-category 0 --n-samples "$N" --m "$M" --temperature "$T" --tolerance "$TOL" --out "$runs/t$T.jsonl"
   if [[ -z "${SAMPLED_ONLY:-}" ]]; then
@@ -66,13 +66,19 @@ job() {   # runs while both servers are up: OFF_URL (spec off), VLLM_URL (spec o
     "$vs_py" "$here/greedy_pairs.py" "$runs/greedy" | tee "$audit_dir/tokens-vllm-cpu-$tag-greedy-pairs.txt"
   fi
   if [[ -n "${WITH_OFF:-}" ]]; then
-    local offruns=$here/runs/tokens-off-ref-$tag; rm -rf "$offruns"; mkdir -p "$offruns"
-    for f in "$runs"/t"$T".reference.p*.jsonl; do cp "$f" "$offruns/t$T.${f##*.reference.}"; done
-    record "tokens-vllm-cpu-off-t$T-ref-$tag" "no speculation, against SmolLM2's exact p (float32, transformers); samples reused from the reference arm of tokens-vllm-cpu-$tag-t$T (seeds 1000000000 + ..., copied to runs/tokens-off-ref-$tag/), so no new draws but the seed check and the probes" -- \
-      --endpoint "$OFF_URL" "${common[@]}" --prompts "$here/audit_prompts.txt" --per-category 0 --n-samples "$N" --m "$M" \
+    local offruns=$here/runs/tokens-off-ref-$tag note
+    note="samples reused from the reference arm of tokens-vllm-cpu-$tag-t$T (seeds 1000000000 + ..., copied to runs/tokens-off-ref-$tag/), then drawn up to N = ${OFF_N:-$N} per prompt"
+    if [[ "$WITH_OFF" != resume ]]; then
+      rm -rf "$offruns"; mkdir -p "$offruns"
+      for f in "$runs"/t"$T".reference.p*.jsonl; do cp "$f" "$offruns/t$T.${f##*.reference.}"; done
+    else
+      note="$note (resumed in a later session: WITH_OFF=resume OFF_N=${OFF_N:-$N}; new index i of prompt j has seed j * ${OFF_N:-$N} + i)"
+    fi
+    record "tokens-vllm-cpu-off-t$T-ref-$tag" "no speculation, against SmolLM2's exact p (float32, transformers); $note" -- \
+      --endpoint "$OFF_URL" "${common[@]}" --prompts "$here/audit_prompts.txt" --per-category 0 --n-samples "${OFF_N:-$N}" --m "$M" \
       --temperature "$T" --tolerance "$TOL" --probes all --out "$offruns/t$T.jsonl"
   fi
-  curl -sf -m 10 "${VLLM_URL%/v1}/metrics" > "$runs/metrics.txt" || true
+  [[ -s "$runs/metrics.txt" ]] || curl -sf -m 10 "${VLLM_URL%/v1}/metrics" > "$runs/metrics.txt" || true   # the first session's
   [[ -n "${NO_PROBE:-}" ]] && return 0
   timeout 300 "$vs_py" "$here/probe.py" "$VLLM_URL" "$VLLM_MODEL" "$here/runs/$tag-final" \
     48010,990,549,42,2382,28,2654,28,4461,28,2382,28,2654,28,4461,28,2382,28,2654 || echo "probe failed"
