@@ -51,7 +51,7 @@ bench-quick: setup
 # into its own venv (~/.cache/verispec/vllm-venv: ~4-7 min, ~3.4 GB), then for each speculative config
 # serves SmolLM2 on 127.0.0.1 twice, with and without speculation (~5 GB of memory each, 40-75 s to
 # load), and runs the token-level audit against the spec-off server (sampled and greedy, the probes;
-# benchmarks/vllm/audit_tokens.sh; 7-12 min a config on 2 cores), one pair at a time under the
+# benchmarks/vllm/audit_tokens.sh; ~10 min for ngram, ~20 for draft on 2 cores), one pair at a time under the
 # machine's heavy-job lock. The spec-off server's own audit against the exact p rides on the first.
 # vllm-audit-per-position: the older per-position audits (audit_config.sh, one server at a time).
 VLLM_CONFIGS ?= ngram draft

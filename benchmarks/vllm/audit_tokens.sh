@@ -56,7 +56,7 @@ record() {   # record NAME NOTE -- audit options...: run one audit, write NAME.t
 
 job() {   # runs while both servers are up: OFF_URL (spec off), VLLM_URL (spec on)
   local common=(--model "$VLLM_MODEL" --target smollm2-135m --backend transformers)
-  [[ -z "${GREEDY_ONLY:-}" ]] && AUDIT_TIMEOUT=${SAMPLED_TIMEOUT:-540} record "tokens-vllm-cpu-$tag-t$T" "spec-on: speculative config $VLLM_SPEC${SPEC_PATCH:+ (SPEC_PATCH=1: patch/sitecustomize.py replaces the CPU expand fallback)}; reference endpoint: the same server without speculation" -- \
+  [[ -z "${GREEDY_ONLY:-}" ]] && AUDIT_TIMEOUT=${SAMPLED_TIMEOUT:-900} record "tokens-vllm-cpu-$tag-t$T" "spec-on: speculative config $VLLM_SPEC${SPEC_PATCH:+ (SPEC_PATCH=1: patch/sitecustomize.py replaces the CPU expand fallback)}; reference endpoint: the same server without speculation" -- \
     --endpoint "$VLLM_URL" --reference-endpoint "$OFF_URL" "${common[@]}" --prompts "$here/audit_prompts.txt" \
     --per-category 0 --n-samples "$N" --m "$M" --temperature "$T" --tolerance "$TOL" --out "$runs/t$T.jsonl"
   if [[ -z "${SAMPLED_ONLY:-}" ]]; then
