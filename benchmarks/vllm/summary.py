@@ -1,6 +1,6 @@
 """One line per vLLM-CPU audit report (benchmarks/audit/vllm-cpu-*.json): verdict, per-position TV̂.
 
-    python benchmarks/vllm/summary.py            # after `make vllm-audit`
+    python benchmarks/vllm/summary.py            # after `make vllm-audit-per-position`
 """
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 here = Path(__file__).resolve().parent
 reports = sorted((here.parent / "audit").glob("vllm-cpu-*-t*.json"))
 if not reports:
-    sys.exit("no vLLM audit reports yet: run `make vllm-audit`")
+    sys.exit("no vLLM audit reports yet: run `make vllm-audit-per-position`")
 print(f"{'report':34s} {'verdict':12s} {'N':>4s}  TV̂ per position (then joint) and p-values")
 for path in reports:
     try:

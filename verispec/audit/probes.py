@@ -17,7 +17,7 @@ agree token for token.
 | ``concurrency`` | 4 prompts solo, then staggered together | a concurrent output differs from its solo one |
 | ``context-limit`` | prompt + m = the context length | not the argmax path (skipped: limit unknown) |
 | ``stream`` | the same request streamed and not | ids or text differ, or text ≠ detokenised ids |
-| ``controls`` | penalties and a logit bias on | not the argmax path of the controlled p |
+| ``controls`` | penalties and a logit bias on (penalties alone if the bias is refused with a 400) | not the argmax path of the controlled p |
 | ``logprobs`` | T = 1, logprobs on | a returned logprob is off the reference's by > tol |
 """
 
@@ -205,16 +205,35 @@ def _stream(ctx: ProbeContext) -> ProbeResult:
     return pr.result(problems, "streamed = non-streamed" + (" = detokenised ids" if ctx.detokenize else ""))
 
 
+def _refused(e: EndpointError) -> bool:
+    """A 400 answer: the server declines the request's fields (e.g. vLLM: "logit_bias ... not
+    yet supported with speculative decoding"), which is a refusal, not a wrong output."""
+    return "HTTP 400" in str(e)
+
+
 def _controls(ctx: ProbeContext) -> ProbeResult:
+    """Penalties and a logit bias; a server that refuses the logit bias with a 400 is
+    probed with the penalties alone (said in the detail); refusing those too: skipped."""
     pr = _Probe(ctx, "controls")
-    problems = []
+    problems, refusal = [], None
     for j, base in enumerate(ctx.prompts[:2]):
         prompt = _fresh(ctx, base, 4 + j)
-        controls = CONTROLS + (("logit_bias", ((int(prompt[-1]), 2.0),)),)
-        ids = pr.ask(prompt, m=2 * ctx.m, controls=controls).token_ids
+        controls = CONTROLS if refusal else CONTROLS + (("logit_bias", ((int(prompt[-1]), 2.0),)),)
+        while True:
+            try:
+                ids = pr.ask(prompt, m=2 * ctx.m, controls=controls).token_ids
+                break
+            except EndpointError as e:
+                if not _refused(e):
+                    raise
+                if controls == CONTROLS:
+                    return ProbeResult("controls", "skipped", f"the server refuses penalties: {e}", pr.requests)
+                refusal, controls = str(e), CONTROLS
         if bug := pr.argmax_path(prompt, ids, controls):
             problems.append(f"prompt {j + 1}: {bug}")
-    return pr.result(problems, "penalties + logit bias: argmax path of the controlled p")
+    if refusal is None:
+        return pr.result(problems, "penalties + logit bias: argmax path of the controlled p")
+    return pr.result(problems, f"penalties: argmax path of the controlled p (logit bias refused: {refusal})")
 
 
 def _logprobs(ctx: ProbeContext, tol: float = 0.05) -> ProbeResult:
