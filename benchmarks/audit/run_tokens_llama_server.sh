@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A token-level audit of llama-server's speculative decoding against its own spec-off run:
-# two llama-server processes on SmolLM2-135M (1 thread each, repacking off: AMX SIGILLs on
+# two llama-server processes on SmolLM2-135M (THREADS threads each, default 1: the arms are
+# drawn one after the other, so one server decodes at a time; repacking off: AMX SIGILLs on
 # this VM), the reference without speculation, the audited one with SPEC (llama-server flags),
-# compared completion by completion (`--reference-endpoint`, disjoint seeds); the local exact p
+# compared completion by completion (`--reference-endpoint`; add `--paired` for the same
+# seeds on both arms, the default is disjoint seeds); the local exact p
 # (verispec's llama.cpp backend) is the scoring function and is reported beside. SPEC empty:
 # the spec-off server audited against the local exact p alone. Committed as NAME.txt + NAME/.
 # The draft model comes from make_draft.py. Run it under the heavy lock:
@@ -13,7 +15,7 @@ here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd)
 py=${PYTHON:-/work/main/.venv/bin/python}
 bin=${LLAMA_BIN:-$HOME/.cache/verispec/build/llama.cpp-0c1e570/bin}
 gguf=${GGUF:-$HOME/.cache/verispec/gguf/smollm2-135m.gguf}
-common="-m $gguf -t 1 --no-repack --host 127.0.0.1 -c 4096 --no-webui"
+common="-m $gguf -t ${THREADS:-1} --no-repack --host 127.0.0.1 -c 4096 --no-webui"
 start=$(date -u +%FT%TZ)
 pids=()
 trap 'kill ${pids[@]} 2>/dev/null || true' EXIT
