@@ -12,7 +12,9 @@ level runs the same prompts on every server. Every
 request carries the same prompt token ids (verispec's /tokenize of the chat message, sent
 as a token-id prompt to both: no template differences), temperature 0, ignore_eos and
 max_tokens m, so every request generates exactly m tokens; llama-server's prompt cache is
-off (cache_prompt false) as verispec's batched mode has none. Servers run one at a time
+off (cache_prompt false) and verispec's too (--no-prefix-reuse; batched mode has none), and
+verispec's suffix drafter drafts from each request alone (--suffix-cache-size 0), so at
+N = 1 both decode each prompt from an empty cache. Servers run one at a time
 (each its own process); nothing else of this script runs while one is measured but the
 clients.
 
@@ -90,7 +92,7 @@ def process(cmd: list[str], url: str, log: Path, env: dict | None = None, ready_
 def verispec_cmd(args, n: int, port: int, invariant: bool) -> list[str]:
     return [sys.executable, "-m", "verispec.cli", "serve", "--backend", "llamacpp", "--target", args.target,
             "--draft", args.draft, "--k", args.k, "--port", str(port), "--max-seqs", str(n), "--max-queue", "256",
-            "--suffix-cache-size", "0", *([] if invariant else ["--no-batch-invariant"])]
+            "--suffix-cache-size", "0", "--no-prefix-reuse", *([] if invariant else ["--no-batch-invariant"])]
 
 
 def llama_cmd(args, n: int, port: int) -> list[str]:
