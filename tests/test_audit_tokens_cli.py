@@ -56,6 +56,8 @@ def test_cli_fails_a_naive_server_in_an_80_column_table(zoo_target):
     (["--probes", "cold-warm,nope"], "--probes: unknown nope"),
     (["--tolerance", "1.5"], "--tolerance is on the top-1 excess"),
     (["--prompt-ids", "1,99"], "outside the reference's vocabulary 0..15"),
+    (["--paired"], "--paired compares two servers"),
+    (["--per-position", "--paired"], "--paired is a mode of the token-level audit"),
 ])
 def test_bad_options_are_clear_errors(zoo_target, args, match):
     with BackgroundServer(zoo_app("exact")) as url:

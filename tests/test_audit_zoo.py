@@ -106,3 +106,23 @@ def test_spec_on_vs_spec_off_decides_with_a_reference_endpoint():
     assert good.verdict in ("pass", "inconclusive"), good.reasons
     assert [e.role for e in good.decisive] == ["tolerance", "significance"] and len(good.beside) == 3
     assert biased.verdict == "FAIL", biased.reasons
+
+
+def test_the_paired_comparison_passes_an_exact_server_and_fails_a_biased_one():
+    """--paired: both arms on the same seeds. Against plain seeded sampling (k = 0), the exact
+    server that accepts a draft only when it equals the target's own seeded sample returns
+    the very same completion per seed, so the paired interval is far narrower than the
+    disjoint-seed one at the same budget; naive-agree still FAILs."""
+    with BackgroundServer(zoo_app("exact", k=0)) as off, BackgroundServer(zoo_app("exact-sample-match")) as on, \
+            BackgroundServer(zoo_app("naive-agree")) as bad:
+        kw = dict(significance=SIGNIFICANCE, tolerance=TOLERANCE)
+        ref = Endpoint(off + "/v1", "zoo")
+        paired = run_token_audit(Endpoint(on + "/v1", "zoo"), zoo_reference(), PROMPTS, N, M,
+                                 SamplingConfig(temperature=T), reference_endpoint=ref, paired=True, **kw)
+        unpaired = run_token_audit(Endpoint(on + "/v1", "zoo"), zoo_reference(), PROMPTS, N, M,
+                                   SamplingConfig(temperature=T), reference_endpoint=ref, **kw)
+        biased = run_token_audit(Endpoint(bad + "/v1", "zoo"), zoo_reference(), PROMPTS, N, M,
+                                 SamplingConfig(temperature=T), reference_endpoint=ref, paired=True, **kw)
+    assert paired.verdict == "pass", paired.reasons
+    assert "paired" in paired.decisive[0].name and paired.decisive[0].se < unpaired.decisive[0].se / 2
+    assert biased.verdict == "FAIL", biased.reasons

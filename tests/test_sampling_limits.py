@@ -122,11 +122,13 @@ def test_speculative_generation_at_a_tiny_temperature_is_the_greedy_output(k, te
     assert after.token_ids == ref.token_ids
 
 
-@pytest.mark.parametrize("option,value", [("--repetition-penalty", "1e-300"), ("--repetition-penalty", "1000")])
+@pytest.mark.parametrize("option,value", [("--repetition-penalty", "1e-300"), ("--repetition-penalty", "1000"),
+                                          ("--temperature", "-1"), ("--top-p", "0"), ("--min-p", "2"),
+                                          ("--presence-penalty", "5"), ("--logit-bias", "3=nan")])
 def test_the_cli_refuses_them_by_option_name_before_loading(option, value):
     from typer.testing import CliRunner
 
     from verispec.cli import app
 
     result = CliRunner().invoke(app, ["generate", "Hi", "--target", "no-such-model", option, value])
-    assert result.exit_code == 2 and option in result.output
+    assert result.exit_code == 2 and f"error: {option}" in result.output, result.output

@@ -65,6 +65,7 @@ class TokenScores:
     near_tie: np.ndarray     # [m'] bool
     margin: np.ndarray       # [m'] float64, top logit/T − logit(x_t)/T (raw logits when greedy)
     argmax: np.ndarray       # [m'] int64
+    index: int = -1          # the completion's index within its prompt (the seed's offset)
 
     @property
     def m(self) -> int:
@@ -157,7 +158,7 @@ def score_completion(reference: CausalLM, prompt: Sequence[int], completion: Seq
     v = np.random.default_rng([int(seed), int(prompt_index), int(index)]).random(m)
     return TokenScores(prompt_index, tokens, pit_values(p, tokens, v), tokens == argmax, p.max(1),
                        llx, llvar, logp, outside, near, np.where(tokens == argmax, 0.0, gap),
-                       argmax.astype(np.int64))
+                       argmax.astype(np.int64), index)
 
 
 def stack(scores: Sequence[TokenScores]) -> dict[str, np.ndarray]:

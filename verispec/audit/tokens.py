@@ -31,7 +31,7 @@ from .endpoint import Endpoint, EndpointSettings, draw_samples
 from .probes import ProbeContext, ProbeResult, run_probes
 from .scoring import NEAR_TIE_MARGIN, TokenScores, score_completion, stack
 from .tokenstats import Effect, per_position, token_effects
-from .twosample import two_sample_effects
+from .twosample import paired_effects, two_sample_effects
 from .verdict import decide, greedy_divergences, impossible_tokens
 
 __all__ = ["TokenAudit", "controls_of", "run_token_audit", "score_samples"]
@@ -118,7 +118,7 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
                     probes: Sequence[str] = (), out: str | None = None, concurrency: int = 4,
                     margin: float = NEAR_TIE_MARGIN, context_length: int | None = None,
                     detokenize=None, seed: int = 0, progress: bool = False,
-                    replay: dict | None = None) -> TokenAudit:
+                    replay: dict | None = None, paired: bool = False) -> TokenAudit:
     """Audit `endpoint` (module doc).
 
     Args:
@@ -132,6 +132,9 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
             excess (probability units; the spec-on − spec-off difference with a
             reference endpoint).
         reference_endpoint: the same server with speculation off (decides when given).
+        paired: the reference arm requests the audited arm's very seeds and the arms are
+            compared pair by pair (`verispec.audit.twosample.paired_effects`); default:
+            disjoint seeds and the stratified permutation test.
         probes: names from `verispec.audit.probes.PROBES`.
         out: JSONL stem for the raw samples (resumable); margin: the numerics floor
             in logits / T (near-ties); context_length, detokenize: for the probes.
@@ -156,16 +159,24 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
     ref_scores = None
     if reference_endpoint is not None:
         ref_out = None if out is None else (out.removesuffix(".jsonl")) + ".reference"
-        ref_drawn = _draw(reference_endpoint, prompts, n, m, sampling, ref_out, seed + REFERENCE_SEEDS,
-                          concurrency, progress)
-        ref_scores = score_samples(reference, prompts, ref_drawn, sampling, seed=seed + 1, margin=margin)
+        ref_drawn = _draw(reference_endpoint, prompts, n, m, sampling, ref_out,
+                          seed if paired else seed + REFERENCE_SEEDS, concurrency, progress)
+        # paired: the same PIT randomisation V on both arms, so equal completions give equal
+        # summaries (V is independent of both arms, so E D = 0 still holds under H0)
+        ref_scores = score_samples(reference, prompts, ref_drawn, sampling, seed=seed if paired else seed + 1,
+                                   margin=margin)
     sampled = not sampling.greedy
     n_local = 3 if sampled else 0
     n_two = 2 if (ref_scores is not None and sampled) else 0
     family = n_two + (n_local if (ref_scores is None or local_decides) else 0)
     level = significance / max(family, 1)
     local = token_effects(tok, level) if sampled else []
-    two = two_sample_effects(scores, ref_scores, level, seed=seed) if n_two else []
+    if not n_two:
+        two = []
+    elif paired:
+        two = paired_effects(scores, ref_scores, level, [(j, i) for j in drawn for i in range(len(drawn[j]))])
+    else:
+        two = two_sample_effects(scores, ref_scores, level, seed=seed)
     decisive = two + (local if (ref_scores is None or local_decides) else [])
     beside = [] if (ref_scores is None or local_decides) else local
     bad, near, examples = impossible_tokens(tok)

@@ -118,6 +118,10 @@ def audit(
                                "controls, logprobs"),
     report_dir: Optional[str] = typer.Option(None, "--report", help="--endpoint: write report.md, "
                                              "audit.json, pit.png and positions.png into this folder"),
+    paired: bool = typer.Option(False, "--paired", help="--endpoint --reference-endpoint: request the "
+                                "same seeds from both servers and compare completion by completion (valid "
+                                "whatever the seeds do; far fewer tokens when speculation keeps the seeded "
+                                "draw); default: disjoint seeds, permutation test"),
     local_decides: bool = typer.Option(False, "--local-decides", help="--endpoint --reference-endpoint: "
                                        "the local exact comparison decides too (only when the server "
                                        "runs the reference's very weights and kernels)"),
@@ -149,6 +153,8 @@ def audit(
                      "--per-position audit's tolerance is a total variation: use --position-tolerance")
             if m is not None and m > 8:
                 fail(f"--per-position tests every position's conditional law: --m must be <= 8, got {m}")
+            if paired:
+                fail("--paired is a mode of the token-level audit; drop --per-position or --paired")
             run_endpoint_audit(endpoint=endpoint, api_key=api_key, model=model, prompt=prompt,
                                prompt_ids=prompt_ids, n_samples=n_samples or 2000, m=m or 3,
                                temperature=temperature, top_k=top_k, top_p=top_p,
@@ -175,11 +181,11 @@ def audit(
                             concurrency=concurrency, probes=probes, report_dir=report_dir,
                             local_decides=local_decides, context_length=context_length,
                             margin=numerics_margin, as_json=as_json, seed_check=seed_check,
-                            replay=replay, threads=threads)
+                            replay=replay, threads=threads, paired=paired)
         return
     endpoint_only = {"--api-key": api_key, "--model": model, "--prompt-ids": prompt_ids, "--out": out,
                      "--reference-endpoint": reference_endpoint, "--tolerance": tolerance,
-                     "--prompts": prompts_file, "--report": report_dir}
+                     "--prompts": prompts_file, "--report": report_dir, "--paired": paired or None}
     given = [name for name, value in endpoint_only.items() if value is not None]
     if given:
         fail(f"{', '.join(given)} only apply with --endpoint URL (auditing a server)")

@@ -191,7 +191,8 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
                         out: Optional[str], reference_endpoint: Optional[str], target: Optional[str],
                         backend: Optional[str], concurrency: int, probes: str, report_dir: Optional[str],
                         local_decides: bool, context_length: Optional[int], margin: float, as_json: bool,
-                        seed_check: bool = True, replay: bool = False, threads: Optional[int] = None) -> None:
+                        seed_check: bool = True, replay: bool = False, threads: Optional[int] = None,
+                        paired: bool = False) -> None:
     """The token-level `--endpoint` audit (every token counts; `verispec.audit.tokens`)."""
     from .. import __version__
     from ..audit.endpoint import Endpoint, EndpointError
@@ -208,6 +209,8 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
     if concurrency < 1:
         fail(f"--concurrency must be >= 1, got {concurrency}")
     names = _parse_probes(probes)
+    if paired and reference_endpoint is None:
+        fail("--paired compares two servers: give the spec-off one as --reference-endpoint URL")
     reference = load_reference(target, backend, threads, "as the reference")
     tok = reference.tokenizer
     if prompt_ids is not None:
@@ -267,7 +270,7 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
                                 probes=names, out=out, concurrency=concurrency, margin=margin,
                                 context_length=context_length,
                                 detokenize=(lambda ids: decode_text(tok, ids)) if tok is not None else None,
-                                progress=not as_json, replay=replayer)
+                                progress=not as_json, replay=replayer, paired=paired)
     except EndpointError as e:
         hint = f" (what was collected is kept in {out}.p*.jsonl: rerun the same command to resume)" if out else ""
         fail(f"{e}{hint}")

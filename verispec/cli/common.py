@@ -29,15 +29,14 @@ def sampling_or_fail(temperature: float, top_k: int, top_p: float, **controls):
         **controls: `SamplingConfig` control fields (min_p, repetition_penalty, ...),
             as `controls_from_options` returns them.
     """
-    from ..sampling import SamplingConfig
+    from ..sampling import SamplingConfig, SettingError
 
     try:
         return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, **controls)
-    except ValueError as e:
+    except SettingError as e:     # names its field: spell it as the option it came from
+        option = "--" + e.name.replace("_", "-")
         message = str(e)
-        for name in ("temperature", "top_k", "top_p", *controls):
-            message = message.replace(name, "--" + name.replace("_", "-"))
-        fail(message)
+        fail(option + message[len(e.name):] if message.startswith(e.name) else f"{option}: {message}")
 
 
 # The sampling controls' options, shared by every command that samples.
@@ -132,12 +131,18 @@ BATCH_INVARIANT = typer.Option(None, "--batch-invariant/--no-batch-invariant",
                                help="llama.cpp: score a verification batch exactly as single tokens, so greedy "
                                "speculative output is plain greedy output token for token (default: on when the "
                                "installed llama.cpp allows it; docs/exactness.md)")
+THREADS = typer.Option(None, "--threads", min=1,
+                       help="llama.cpp: CPU threads of the target and draft (default: all cores; on a "
+                       "machine shared with other jobs, fewer threads avoid spin-waiting on busy cores)")
 
 
 def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional[str], drafter: str,
                   draft_layers: Optional[int] = None, suffix_cache_size: int = 0,
-                  batch_invariant: Optional[bool] = None, k_max: int = 8):
-    """Load target and draft for the CLI, turning library errors into clear messages."""
+                  batch_invariant: Optional[bool] = None, k_max: int = 8, threads: Optional[int] = None):
+    """Load target and draft for the CLI, turning library errors into clear messages.
+
+    `threads` (llama.cpp's n_threads, None = all cores) is refused with a clear message on a
+    backend that does not take it."""
     from .. import registry
     from ..api import SpeculativeDecoder, load_model
 
@@ -155,6 +160,10 @@ def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional
     if batch_invariant and "batch_invariant" not in BACKENDS[backend].options:
         fail(f"--batch-invariant is not an option of the {backend} backend; use it with --backend "
              + " or ".join(n for n, k in BACKENDS.items() if "batch_invariant" in k.options))
+    if threads is not None and "n_threads" not in BACKENDS[backend].options:
+        fail(f"--threads is not an option of the {backend} backend; use it with --backend "
+             + " or ".join(n for n, k in BACKENDS.items() if "n_threads" in k.options))
+    loading = {} if threads is None else {"n_threads": threads}
     uses_model = drafter == "auto" or (drafter in DRAFTERS and DRAFTERS[drafter].needs_model)
     if draft is None and target in (None, registry.DEFAULT_TARGET) and uses_model:
         draft = registry.DEFAULT_DRAFT
@@ -163,7 +172,7 @@ def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional
         draft = None
     try:
         with err.status(f"loading target {target} ({backend})"):
-            target_model = load_model(target, backend=backend, batch_invariant=batch_invariant)
+            target_model = load_model(target, backend=backend, batch_invariant=batch_invariant, **loading)
         draft_model = None
         if draft is not None and uses_model:
             with err.status(f"loading draft {draft} ({backend})"):
@@ -171,10 +180,10 @@ def build_decoder(target: Optional[str], draft: Optional[str], backend: Optional
                     if draft_layers is None:
                         fail("--draft self needs --draft-layers N")
                     draft_model = load_model(target, backend=backend, num_hidden_layers=draft_layers,
-                                             batch_invariant=batch_invariant)
+                                             batch_invariant=batch_invariant, **loading)
                 else:
                     draft_model = load_model(draft, backend=backend, num_hidden_layers=draft_layers,
-                                             batch_invariant=batch_invariant)
+                                             batch_invariant=batch_invariant, **loading)
         return SpeculativeDecoder(target_model, draft_model, drafter=drafter,
                                   suffix_cache_size=suffix_cache_size, k_max=k_max), backend
     except typer.Exit:

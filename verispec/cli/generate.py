@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import (BACKEND, BAD_WORD, BATCH_INVARIANT, DRAFT, DRAFTER, FREQUENCY_PENALTY, K_MAX, LOGIT_BIAS,
+from .common import (BACKEND, BAD_WORD, BATCH_INVARIANT, DRAFT, DRAFTER, FREQUENCY_PENALTY, K_MAX, LOGIT_BIAS, THREADS,
                      MIN_NEW_TOKENS, MIN_P, PRESENCE_PENALTY, REPETITION_PENALTY, RULE, SUFFIX_CACHE_SIZE, TARGET,
                      bad_words_ids, build_decoder, check_rule, controls_from_options, err, fail, parse_k,
                      sampling_or_fail, stats_table)
@@ -45,6 +45,7 @@ def generate(
     compare: bool = typer.Option(False, "--compare", help="also run plain decoding twice after it (the "
                                  "A/A pair) and report the speedup with the noise it sits in"),
     batch_invariant: Optional[bool] = BATCH_INVARIANT,
+    threads: Optional[int] = THREADS,
 ) -> None:
     """Generate text exactly as the target would, faster."""
     k_value = parse_k(k)
@@ -61,7 +62,7 @@ def generate(
     if stop and any(not s for s in stop):
         fail("--stop needs a non-empty string")
     decoder, backend = build_decoder(target, draft, backend, drafter, draft_layers, suffix_cache_size,
-                                     batch_invariant, k_max)
+                                     batch_invariant, k_max, threads)
     controls["bad_words_ids"] = bad_words_ids(decoder.tokenizer, bad_word)
     warm = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                 use_chat_template=False if no_chat_template else None)

@@ -15,7 +15,7 @@ import threading
 import typer
 
 from ..drafters import SERVE_CACHE_TOKENS
-from .common import (BACKEND, BATCH_INVARIANT, DRAFT, DRAFTER, K_MAX, RULE, TARGET, build_decoder, check_rule, err,
+from .common import (BACKEND, BATCH_INVARIANT, DRAFT, DRAFTER, K_MAX, RULE, TARGET, THREADS, build_decoder, check_rule, err,
                      fail, parse_k)
 
 
@@ -44,6 +44,7 @@ def serve(
                                           help="tokens of earlier responses the suffix drafter may draft "
                                                "from (cross-request suffix decoding; 0 = off)"),
     batch_invariant: bool | None = BATCH_INVARIANT,
+    threads: int | None = THREADS,
     graceful_seconds: float = typer.Option(10.0, "--graceful-seconds", min=0.0,
                                            help="at shutdown, seconds in-flight requests get before they are cancelled"),
     max_request_bytes: int = typer.Option(1 << 20, "--max-request-bytes", min=1,
@@ -105,7 +106,8 @@ def serve(
         try:
             decoder, used_backend = build_decoder(target, draft, backend, drafter, draft_layers,
                                                   suffix_cache_size=suffix_cache_size,
-                                                  batch_invariant=batch_invariant, k_max=k_max)
+                                                  batch_invariant=batch_invariant, k_max=k_max,
+                                                  threads=threads)
             if k_value == "auto":    # time this machine's cost curve once, before the first request
                 with err.status("warming up (k=auto times the target's cost curve)"):
                     prompt = [0, 1] if decoder.tokenizer is None else "Hello"
