@@ -92,6 +92,7 @@ def process(cmd: list[str], url: str, log: Path, env: dict | None = None, ready_
 def verispec_cmd(args, n: int, port: int, invariant: bool) -> list[str]:
     return [sys.executable, "-m", "verispec.cli", "serve", "--backend", "llamacpp", "--target", args.target,
             "--draft", args.draft, "--k", args.k, "--port", str(port), "--max-seqs", str(n), "--max-queue", "256",
+            "--threads", str(args.threads),
             "--suffix-cache-size", "0", "--no-prefix-reuse", *([] if invariant else ["--no-batch-invariant"])]
 
 
