@@ -1,0 +1,116 @@
+"""The batched server's plumbing on a toy multi-sequence model (no llama.cpp, fast).
+
+`ToyBatchModel` is a `LlamaCppBatchModel` whose forward is a fixed function of each slot's
+own prefix (`test_serve_toys.toy_logits`), so whatever shares a round, a slot's logits are
+its solo logits by construction: what is tested here is the engine - join and leave at round
+boundaries, per-request seeds, budgets, stop ids, n > 1, slot reuse, the queue - not
+llama.cpp's arithmetic (tests/test_serve_batched.py does that on SmolLM2).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import torch
+from test_serve_toys import CONTEXT, V, toy_logits
+
+from verispec.api import SpeculativeDecoder
+from verispec.models.llamacpp_batch import LlamaCppBatchModel
+from verispec.models.toy import FunctionModel
+from verispec.serve import BackgroundServer, create_app
+from verispec.serve.batched import BatchModels
+
+WAIT = 120      # a hang guard, not a timing assertion
+
+
+class ToyBatchModel(LlamaCppBatchModel):
+    """`n_seq_max` toy sequences; each row's logits are toy_logits(its slot's prefix)."""
+
+    def __init__(self, n_seq_max: int) -> None:   # noqa: D107 - no llama.cpp handles
+        self.vocab_size, self.context_length, self.n_seq_max = V, CONTEXT, n_seq_max
+        self.batch_invariant, self.max_rows, self.tokenizer, self.name = True, 7, None, "toy-batch"
+        self.eos_token_ids = frozenset()
+        self._views, self._cache, self.decodes = {}, {}, 0
+        self.lock = threading.RLock()
+        self.rounds: list[set[int]] = []        # the slots of each forward
+
+    def _open(self, slot, view_type):
+        free = self.free_slots
+        slot = free[0] if slot is None else slot
+        self._cache[slot] = []
+        view = self._views[slot] = view_type(self, slot)
+        return view
+
+    def close(self, view) -> None:
+        with self.lock:
+            if self._views.get(view.slot) is view:
+                del self._views[view.slot]
+        view.closed = True
+        view.tokens.clear()
+
+    def _seq_rm(self, slot: int, length: int) -> None:
+        del self._cache[slot][length:]
+
+    def _decode_locked(self, plan):
+        self.rounds.append(set(plan))
+        out = {}
+        for slot, (tokens, keep, *offset) in plan.items():
+            cache = self._cache[slot]
+            del cache[len(self._views[slot].tokens) + (offset[0] if offset else 0):]
+            rows = []
+            for t in tokens:
+                cache.append(int(t))
+                rows.append(toy_logits(tuple(cache)))
+            out[slot] = torch.stack(rows[len(rows) - keep:]) if keep else torch.zeros(0, V, dtype=torch.float64)
+        return out
+
+
+def test_concurrent_toy_requests_equal_generate_and_reuse_slots():
+    decoder = SpeculativeDecoder(FunctionModel(toy_logits, V, context_length=CONTEXT, name="toy"), None,
+                                 drafter="auto")
+    model = ToyBatchModel(3)
+    app = create_app(decoder, batch=BatchModels(model), max_queue=16)
+    specs = [dict(prompt=[1, 2, 3], max_tokens=20, temperature=0.0, k=3),
+             dict(prompt=[4, 5], max_tokens=4, temperature=0.9, seed=7, k=2, drafter="lookup"),
+             dict(prompt=[6, 7, 8, 9], max_tokens=16, temperature=1.0, seed=3, k="auto", n=2),
+             dict(prompt=[2, 2, 2], max_tokens=24, temperature=0.0, k=0, stop_token_ids=[5]),
+             dict(prompt=[9, 1], max_tokens=12, temperature=0.7, seed=11, k=1, top_p=0.8),
+             dict(prompt=[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7], max_tokens=8, temperature=0.0, k=4)]
+
+    def solo(spec):
+        out = []
+        for i in range(spec.get("n", 1)):
+            seed = spec.get("seed")
+            r = decoder.generate(spec["prompt"], max_new_tokens=spec["max_tokens"], temperature=spec["temperature"],
+                                 top_p=spec.get("top_p", 1.0), seed=None if seed is None else seed + i,
+                                 k=spec["k"], drafter=spec.get("drafter"), stop_token_ids=spec.get("stop_token_ids"))
+            out.append((r.token_ids, r.finish_reason))
+        return out
+
+    want = [solo(s) for s in specs]
+    got: list = [None] * len(specs)
+    with BackgroundServer(app) as url:
+        def client(i):
+            with httpx.Client(base_url=url, timeout=WAIT) as http:
+                resp = http.post("/v1/completions", json={**specs[i], "return_token_ids": True})
+                assert resp.status_code == 200, resp.text
+                choices = sorted(resp.json()["choices"], key=lambda c: c["index"])
+                got[i] = [(c["token_ids"], c["finish_reason"]) for c in choices]
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(specs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT)
+        engine = app.state.verispec.engine
+        history = list(engine.history)
+        with httpx.Client(base_url=url, timeout=WAIT) as http:       # echo + logprobs: not in batched mode
+            resp = http.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "echo": True, "logprobs": 1})
+            assert resp.status_code == 400 and resp.json()["error"]["param"] == "echo"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"request {i} ({specs[i]}) left its solo run"
+    assert want[3][0][1] == "stop" or len(want[3][0][0]) == 24
+    assert len(history) == 7 and {h["slot"] for h in history} == {0, 1, 2}    # 7 jobs on 3 slots
+    assert max(len(r) for r in model.rounds) == 3                           # three shared a forward
+    assert all(not v for v in [engine.running, model._views])
