@@ -9,11 +9,12 @@ llama.cpp's arithmetic (tests/test_serve_batched.py does that on SmolLM2).
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
 import torch
-from test_serve_toys import CONTEXT, V, toy_logits
+from test_serve_toys import CONTEXT, V, toy_logits, wait_for
 
 from verispec.api import SpeculativeDecoder
 from verispec.models.llamacpp_batch import LlamaCppBatchModel
@@ -114,3 +115,48 @@ def test_concurrent_toy_requests_equal_generate_and_reuse_slots():
     assert len(history) == 7 and {h["slot"] for h in history} == {0, 1, 2}    # 7 jobs on 3 slots
     assert max(len(r) for r in model.rounds) == 3                           # three shared a forward
     assert all(not v for v in [engine.running, model._views])
+
+
+def test_toy_slot_freed_early_goes_to_a_newcomer_and_a_disconnect_frees_its_slot():
+    """A long stream holds slot 0; a short request in slot 1 ends, a newcomer takes slot 1
+    (not arrival order) and equals its solo run; the long stream's client then leaves and
+    its request ends after a round, its tokens so far its solo run's first tokens."""
+    long_ctx = 4096
+    decoder = SpeculativeDecoder(FunctionModel(toy_logits, V, context_length=long_ctx, name="toy"), None,
+                                 drafter="auto")
+    model = ToyBatchModel(2)
+    model.context_length = long_ctx
+    app = create_app(decoder, batch=BatchModels(model))
+    long = dict(prompt=[1, 2], max_tokens=4000, temperature=0.8, seed=1, k=2, stream=True)
+    short = dict(prompt=[5, 6, 7], max_tokens=5, temperature=0.9, seed=2, k=3)
+    newcomer = dict(prompt=[8], max_tokens=6, temperature=1.0, seed=3, k="auto")
+    want = {name: decoder.generate(s["prompt"], max_new_tokens=s["max_tokens"], temperature=s["temperature"],
+                                   seed=s["seed"], k=s["k"]).token_ids
+            for name, s in (("long", long), ("short", short), ("newcomer", newcomer))}
+    engine = app.state.verispec.engine
+    with BackgroundServer(app) as url, httpx.Client(base_url=url, timeout=WAIT) as http:
+        streamed = []
+        with httpx.Client(base_url=url, timeout=WAIT) as stream_http:
+            with stream_http.stream("POST", "/v1/completions", json={**long, "return_token_ids": True}) as resp:
+                lines = resp.iter_lines()
+                for line in lines:
+                    if line.startswith("data: {"):
+                        streamed += json.loads(line[6:])["choices"][0].get("token_ids") or []
+                        if streamed:
+                            break
+                got = {}
+                for name, spec in (("short", short), ("newcomer", newcomer)):
+                    r = http.post("/v1/completions", json={**spec, "return_token_ids": True})
+                    assert r.status_code == 200, r.text
+                    got[name] = r.json()["choices"][0]["token_ids"]
+                for line in lines:                       # a few more chunks, then leave
+                    if line.startswith("data: {"):
+                        streamed += json.loads(line[6:])["choices"][0].get("token_ids") or []
+                        if len(streamed) > 20:
+                            break
+        wait_for(lambda: len(engine.history) == 3, WAIT, "the abandoned stream to end")
+    assert got == {"short": want["short"], "newcomer": want["newcomer"]}
+    assert streamed == want["long"][:len(streamed)]
+    order = [(h["slot"], h["finish_reason"]) for h in engine.history]
+    assert order == [(1, "length"), (1, "length"), (0, "abort")], order
+    assert engine.history[2]["tokens"] < 4000
