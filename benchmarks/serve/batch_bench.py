@@ -176,6 +176,9 @@ def main() -> None:
     texts = [p.text for p in load_prompts(args.dataset, per_category=2)][:args.requests]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     rows, commands = [], {}
+    meta = collect_meta(command=" ".join(shlex.quote(a) for a in sys.argv), servers=commands,
+                        llama_cpp_build=str(args.bin_dir), max_tokens=args.max_tokens,
+                        requests=args.requests, threads=args.threads)
     prompts: list[list[int]] | None = None
     for n in clients:
         for kind in servers:
@@ -196,15 +199,16 @@ def main() -> None:
             tokens = sum(len(r["ids"]) for r in got)
             print(f"{kind} N={n}: {tokens / got[0]['level_seconds']:.1f} tok/s, mean "
                   f"{statistics.mean(r['seconds'] for r in got):.2f} s", flush=True)
+            write(out, rows, servers, clients, meta)     # after every level: a cut-short run keeps its rows
+    print((out / "table.md").read_text())
+
+
+def write(out: Path, rows: list[dict], servers: list[str], clients: list[int], meta: dict) -> None:
     with (out / "results.jsonl").open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
-    meta = collect_meta(command=" ".join(shlex.quote(a) for a in sys.argv), servers=commands,
-                        llama_cpp_build=str(args.bin_dir), max_tokens=args.max_tokens,
-                        requests=args.requests, threads=args.threads)
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     (out / "table.md").write_text(table(rows, servers, clients, meta))
-    print((out / "table.md").read_text())
 
 
 def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) -> str:
