@@ -160,3 +160,44 @@ def test_toy_slot_freed_early_goes_to_a_newcomer_and_a_disconnect_frees_its_slot
     order = [(h["slot"], h["finish_reason"]) for h in engine.history]
     assert order == [(1, "length"), (1, "length"), (0, "abort")], order
     assert engine.history[2]["tokens"] < 4000
+
+
+def test_a_request_stopped_while_its_prompt_runs_in_pieces_ends_before_its_prefill_does():
+    """The stop flag (a client gone, a deadline passed) is read between prompt pieces too:
+    the request ends without prefilling the rest, the other request decodes on, exact."""
+    from verispec.batching import BatchedRounds, Cancelled
+    from verispec.decoding import decode
+    from verispec.policy import make_policy
+    from verispec.sampling import SamplingConfig, SeededRandomness
+
+    model = ToyBatchModel(2)
+    model.context_length = 4096
+    driver = BatchedRounds(model, prefill_chunk=8, max_batched_rows=8)
+    greedy = SamplingConfig(temperature=0.0)
+    stop = threading.Event()
+    pieces = []
+    decode_locked = model._decode_locked
+
+    def counting(plan):
+        for slot, (tokens, keep, *_) in plan.items():
+            if slot == 1 and keep == 0:
+                pieces.append(len(tokens))
+                stop.set()                     # the client leaves after the first piece
+        return decode_locked(plan)
+
+    model._decode_locked = counting
+    other = driver.submit([1, 2, 3], make_policy(2, {}), sampling=greedy, max_new_tokens=300,
+                          rng=SeededRandomness(0))
+    long_prompt = [(7 * i) % V for i in range(200)]
+    stopped = driver.submit(long_prompt, make_policy(0, {}), sampling=greedy, max_new_tokens=4,
+                            rng=SeededRandomness(0), cancel_event=stop)
+    try:
+        stopped.result(WAIT)
+        raise AssertionError("the stopped request finished")
+    except Cancelled:
+        pass
+    solo = FunctionModel(toy_logits, V, context_length=4096)
+    assert other.result(WAIT).tokens == decode(solo, [1, 2, 3], make_policy(2, {}), sampling=greedy,
+                                               max_new_tokens=300, rng=SeededRandomness(0)).tokens
+    driver.close()
+    assert pieces and sum(pieces) < 100          # most of its 200-token prompt never ran

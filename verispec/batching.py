@@ -75,7 +75,7 @@ class BatchedRequest:
     slot: int | None = None
     rows_last_round: int = 0
     cancelled: bool = False
-    cancel_event: threading.Event | None = None     # set from elsewhere: as `cancel()`
+    cancel_event: threading.Event | None = None     # set from elsewhere: as `cancel()` (anything with is_set())
     _done: threading.Event = field(default_factory=threading.Event)
     _result: DecodeResult | None = None
     _error: BaseException | None = None

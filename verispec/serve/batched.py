@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from dataclasses import dataclass
 
 from ..batching import BatchedRounds
@@ -110,6 +111,20 @@ def load_batch_models(decoder, max_seqs: int, n_ctx_per_seq: int | None = None) 
     return BatchModels(twin(decoder.target), twin(draft) if hasattr(draft, "llama") else None)
 
 
+class _Stop:
+    """A job's stop flag as `BatchedRounds` reads it (`is_set`): its client left, or its
+    time limit passed (so a prompt still in prefill pieces stops too)."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def expired(self) -> bool:
+        return self.job.deadline is not None and time.perf_counter() > self.job.deadline
+
+    def is_set(self) -> bool:
+        return self.job.cancel_requested.is_set() or self.expired()
+
+
 class BatchedEngine(Engine):
     """`Engine` with up to `batch.target.n_seq_max` requests decoding at once (module docstring).
 
@@ -162,11 +177,12 @@ class BatchedEngine(Engine):
             policy = self._policy(req, build_drafters(req.drafter, draft))
 
             def run(ids, policy, **kwargs):
-                handle = self.rounds.submit(ids, policy, cancel_event=job.cancel_requested, **kwargs)
+                handle = self.rounds.submit(ids, policy, cancel_event=_Stop(job), **kwargs)
                 job.slot = handle.slot
                 try:
                     return handle.result()
-                except BatchCancelled:      # cancelled while its prompt waited or ran in pieces
+                except BatchCancelled:      # stopped while its prompt waited or ran in pieces
+                    progress.expired = _Stop(job).expired()
                     raise Cancelled("cancelled") from None
 
             return super()._generate(job, progress, policy=policy, run=run, **extra)
