@@ -168,3 +168,44 @@ def test_a_long_prefill_in_chunks_does_not_stall_the_others(solo, model):
     assert len([e for e in during if e in (0, 1)]) >= 4     # others committed during its prefill
     with pytest.raises(ValueError, match="prefill_chunk"):
         BatchedRounds(model, prefill_chunk=0)
+
+
+def test_prompt_pieces_keep_within_the_row_budget_oldest_first_and_stay_exact(solo, model):
+    """Two long prompts arrive while a request decodes: with room for one 16-row piece per
+    round, the older prompt's pieces run first and the younger one waits, parked; every
+    output is still its solo output (the deferral moves no row of anyone)."""
+    from verispec.batching import BatchedRounds
+
+    long_a, long_b = " ".join(PROMPTS) * 2, " ".join(reversed(PROMPTS)) * 2
+    specs = [dict(prompt=PROMPTS[0], k=3, max_new_tokens=60), dict(prompt=long_a, k=2, max_new_tokens=6),
+             dict(prompt=long_b, k=0, max_new_tokens=6)]
+    want = [_solo(solo, _job(solo, **s)) for s in specs]
+    driver = BatchedRounds(model, prefill_chunk=16, max_batched_rows=20)
+    rounds = []
+    score_rows = model.score_rows
+
+    def recording(plan):
+        rounds.append({slot: (len(p[0]), p[1]) for slot, p in plan.items()})
+        return score_rows(plan)
+
+    model.score_rows = recording
+    try:
+        started = threading.Event()
+        job = _job(solo, **specs[0])
+        handles = [driver.submit(job.pop("prompt"), job.pop("policy"), **job, on_commit=lambda b: started.set())]
+        assert started.wait(WAIT)
+        for spec in specs[1:]:
+            job = _job(solo, **spec)
+            handles.append(driver.submit(job.pop("prompt"), job.pop("policy"), **job))
+        got = [h.result(WAIT).tokens for h in handles]
+    finally:
+        model.score_rows = score_rows
+        driver.close()
+    assert got == want
+    slot_a, slot_b = handles[1].slot, handles[2].slot
+    pieces = [[s for s, (n, keep) in r.items() if keep <= 1 and n > 7] for r in rounds]
+    assert max(len(p) for p in pieces) == 1                   # 16 + 16 rows never fit in 20
+    a_rounds = [i for i, p in enumerate(pieces) if p == [slot_a]]
+    b_rounds = [i for i, p in enumerate(pieces) if p == [slot_b]]
+    assert len(a_rounds) >= 4 and len(b_rounds) >= 4
+    assert max(a_rounds) < min(b_rounds)                      # the older prompt first, whole

@@ -30,6 +30,10 @@ runner = CliRunner()
     (["--max-prompt-tokens", "0"], "--max-prompt-tokens"),
     (["--request-timeout", "0"], "--request-timeout"),
     (["--read-timeout", "0"], "--read-timeout"),
+    (["--max-seqs", "0"], "--max-seqs"),
+    (["--max-seqs", "2", "--backend", "transformers"], "--max-seqs"),     # batches on llama.cpp only
+    (["--max-batched-rows", "64"], "--max-batched-rows"),                 # needs --max-seqs > 1
+    (["--max-seqs", "2", "--max-batched-rows", "0"], "--max-batched-rows"),
 ])
 def test_bad_options_fail_before_loading_anything(args, needle):
     result = runner.invoke(app, ["serve", "--target", "no-such-model", "--port", "0", *args])

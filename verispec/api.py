@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
-from .decoding import DecodeResult, Stats, decode
+from .decoding import DecodeResult, Policy, Stats, decode
 from .drafters import (
     Drafter,
     SuffixCache,
@@ -225,6 +226,19 @@ class SpeculativeDecoder:
             return tuple(self._drafters_by_choice[choice])
         return drafter_names(choice, has_draft_model=self.draft is not None)
 
+    def auto_policy(self, choice: str, context: Sequence[int] | None = None):
+        """The adaptive policy kept for drafter choice `choice` (built on first use; its
+        cost curve timed on the target once, over `context`, if given and it drafts).
+        Raises ValueError as `check_drafter_choice`."""
+        name = self._choose(choice)
+        drafters = self._drafters_by_choice[name]
+        if name not in self._auto_policies:
+            self._auto_policies[name] = make_policy("auto", drafters, k_max=self.k_max)
+        policy = self._auto_policies[name]
+        if not policy.calibrated and drafters and context is not None:
+            policy.calibrate(self.target, context)   # once per decoder: this machine's cost curve
+        return policy
+
     def encode(self, prompt: str | Sequence[int], use_chat_template: bool | None = None) -> list[int]:
         """Prompt text (or ids) -> token ids, applying the chat template by default
         (`verispec.encoding.encode`, which the server uses too).
@@ -271,7 +285,8 @@ class SpeculativeDecoder:
                  min_new_tokens: int = 0, drafter: str | Drafter | None = None,
                  sampling: SamplingConfig | None = None,
                  stop_token_ids: Sequence[int] | None = None,
-                 ignore_eos: bool = False) -> GenerationResult:
+                 ignore_eos: bool = False, policy: Policy | None = None,
+                 run: Callable[..., DecodeResult] | None = None) -> GenerationResult:
         """Generate a continuation, exactly distributed as the target's own sampling.
 
         Args:
@@ -313,6 +328,10 @@ class SpeculativeDecoder:
                 `token_ids`; their text kept unless special), as vLLM's field.
             ignore_eos: do not stop at the target's EOS ids (benchmarks that need exact
                 output lengths; vLLM's field). min_new_tokens still bans EOS.
+            policy, run: for concurrent requests (`verispec.serve.batched`): this call's
+                own policy and drafters (`k`, `drafter` then only resolve rule "auto"; the
+                output is not added to the suffix cache), and what runs `decode`'s
+                arguments but the target, run(ids, policy, **keywords), in its place.
 
         Returns:
             GenerationResult(text, token_ids, prompt_ids, stats).
@@ -351,14 +370,11 @@ class SpeculativeDecoder:
                              f"{self.target.context_length}; shorten the prompt")
         choice = self._choose(self.drafter if drafter is None else drafter)
         drafters = self._drafters_by_choice[choice]
-        if k == "auto":
-            if choice not in self._auto_policies:
-                self._auto_policies[choice] = make_policy("auto", drafters, k_max=self.k_max)
-            policy = self._auto_policies[choice]
+        own = policy is None
+        if own and k == "auto":
+            policy = self.auto_policy(choice, ids if max_new_tokens > 1 else None)
             policy.start(max_new_tokens)
-            if not policy.calibrated and drafters and max_new_tokens > 1:
-                policy.calibrate(self.target, ids)   # once per decoder: this machine's cost curve
-        else:
+        elif own:
             policy = make_policy(k, drafters, k_max=self.k_max)
         the_rule = resolve_rule(rule, k, drafters)
         stream = (TextStream(self.tokenizer, stops, min_tokens=sampling.min_new_tokens)
@@ -375,12 +391,12 @@ class SpeculativeDecoder:
             if chunk and on_text is not None:
                 on_text(chunk)
 
-        result: DecodeResult = decode(
-            self.target, ids, policy, sampling=sampling, max_new_tokens=max_new_tokens,
+        result: DecodeResult = (run or partial(decode, self.target))(
+            ids, policy, sampling=sampling, max_new_tokens=max_new_tokens,
             rng=SeededRandomness(seed), rule=the_rule, stop=stop if stops else None,
             on_commit=on_commit if stream is not None else None, observer=observer,
             eos_token_ids=eos)
-        if self.suffix_cache is not None:   # later generations may draft from this output
+        if self.suffix_cache is not None and own:   # later generations may draft from this output
             self.suffix_cache.add(result.tokens)
         text = ""
         if stream is not None:

@@ -29,12 +29,13 @@ step against T_t(B(k+1)) for k drafts, so it drafts less as the forward fills up
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from .decoding import DecodeResult, Policy, RoundRecord, decode
+from .models.llamacpp import INVARIANT_ROWS
 from .models.llamacpp_batch import LlamaCppBatchModel, SequenceView
 from .policy.costs import OnlineCostCurve
 from .sampling import Randomness, SamplingConfig
@@ -63,15 +64,18 @@ class BatchedRequest:
         prompt: token ids (len >= 1).
         slot: the model slot it decodes in (None while queued).
         rows_last_round: rows it put in the last forward (0 before its first).
-        cancelled: `cancel()` was called.
+        cancelled: `cancel()` was called (or see `is_cancelled`).
+        cancel_event: an event whose setting cancels it too (a server's disconnect flag).
     """
 
     prompt: list[int]
     policy: Policy
     kwargs: dict
+    order: int = 0
     slot: int | None = None
     rows_last_round: int = 0
     cancelled: bool = False
+    cancel_event: threading.Event | None = None     # set from elsewhere: as `cancel()` (anything with is_set())
     _done: threading.Event = field(default_factory=threading.Event)
     _result: DecodeResult | None = None
     _error: BaseException | None = None
@@ -79,6 +83,10 @@ class BatchedRequest:
     def cancel(self) -> None:
         """End this request at its next round boundary; the others are not affected."""
         self.cancelled = True
+
+    def is_cancelled(self) -> bool:
+        """`cancel()` was called or `cancel_event` is set."""
+        return self.cancelled or (self.cancel_event is not None and self.cancel_event.is_set())
 
     @property
     def done(self) -> bool:
@@ -111,17 +119,25 @@ class BatchedRounds:
             exactly where llama.cpp's prefill kernels do not depend on the piece size
             (not so for K-quant weights above 7 rows: the tiled matmul; keep None there,
             or a multiple of 512 - docs/exactness.md).
+        max_batched_rows: the most rows a round's forward carries (None: no bound). Every
+            decoding sequence's rows (verification blocks, single steps) always run; prefill
+            pieces (a prompt's rows beyond `INVARIANT_ROWS`, at most `prefill_chunk` each)
+            join a round oldest request first while the round stays within the bound,
+            except that the oldest waiting prefill gets one piece every round, so no
+            prompt waits forever. A prefill left out waits, parked, for the next round.
 
     Use `submit` from any thread, `result()` on what it returns, and `close()` at the end
     (it waits for the running requests).
     """
 
-    def __init__(self, model: LlamaCppBatchModel, prefill_chunk: int | None = None) -> None:
-        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(
-                prefill_chunk, int) or prefill_chunk < 1):
-            raise ValueError(f"prefill_chunk must be an integer >= 1 or None, got {prefill_chunk!r}")
+    def __init__(self, model: LlamaCppBatchModel, prefill_chunk: int | None = None,
+                 max_batched_rows: int | None = None) -> None:
+        for name, value in (("prefill_chunk", prefill_chunk), ("max_batched_rows", max_batched_rows)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
         self.model = model
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk, self.max_batched_rows = prefill_chunk, max_batched_rows
+        self._arrivals = 0
         self._prefilled: dict[BatchedRequest, int] = {}   # prompt rows already run, per request
         self._cond = threading.Condition()
         self._queue: list[BatchedRequest] = []
@@ -139,11 +155,14 @@ class BatchedRounds:
                max_new_tokens: int, rng: Randomness, rule: Rule = standard,
                stop: Callable[[list[int]], bool] | None = None,
                on_commit: Callable[[list[int]], None] | None = None,
-               observer: Callable[[RoundRecord], None] | None = None) -> BatchedRequest:
+               observer: Callable[[RoundRecord], None] | None = None,
+               eos_token_ids: Collection[int] | None = None,
+               cancel_event: threading.Event | None = None) -> BatchedRequest:
         """Queue one generation; arguments as `verispec.decoding.decode` (its target is a slot).
 
         The policy, its drafters and `rng` must be this request's own (not shared with a
-        request running at the same time).
+        request running at the same time). `cancel_event`: setting it cancels the request
+        as `cancel()` does (also while its prompt waits for, or runs in, prefill pieces).
 
         Raises:
             ValueError: an empty prompt, or one that does not fit a slot's context.
@@ -158,10 +177,12 @@ class BatchedRounds:
                              f"with a larger n_ctx_per_seq")
         request = BatchedRequest(prompt, policy, dict(
             sampling=sampling, max_new_tokens=max_new_tokens, rng=rng, rule=rule, stop=stop,
-            on_commit=on_commit, observer=observer))
+            on_commit=on_commit, observer=observer, eos_token_ids=eos_token_ids),
+            cancel_event=cancel_event)
         with self._cond:
             if self._closing:
                 raise RuntimeError("this BatchedRounds is closed")
+            request.order, self._arrivals = self._arrivals, self._arrivals + 1
             self._queue.append(request)
             self._admit()
         return request
@@ -193,11 +214,11 @@ class BatchedRounds:
         def observer(record: RoundRecord) -> None:
             if user_observer is not None:
                 user_observer(record)
-            if request.cancelled:
+            if request.is_cancelled():
                 raise Cancelled("cancelled")
 
         try:
-            if request.cancelled:
+            if request.is_cancelled():
                 raise Cancelled("cancelled")
             request._result = decode(view, request.prompt, request.policy, observer=observer, **kwargs)
         except BaseException as e:   # noqa: BLE001 - handed to the caller by result()
@@ -207,6 +228,7 @@ class BatchedRounds:
             with self._cond:
                 del self._live[request]
                 self._parked.pop(request, None)
+                self._prefilled.pop(request, None)
                 self._admit()
                 self._cond.notify_all()
             request._done.set()
@@ -239,6 +261,38 @@ class BatchedRounds:
         return answer
 
     # -- the scheduler ----------------------------------------------------------------------
+    def _plan(self, parked: dict) -> tuple[dict, dict]:
+        """This round's rows: request -> (tokens, keep, offset), and the requests whose
+        prompt is not all run by it (they stay parked). Decoding rows first, then prefill
+        pieces, oldest request first, within `max_batched_rows` (class docstring)."""
+        batch, unfinished, prefills = {}, {}, []
+        for request, (tokens, keep) in parked.items():
+            done = self._prefilled.get(request, 0)
+            if keep == 1 and len(tokens) - done > INVARIANT_ROWS:
+                prefills.append(request)
+            else:
+                batch[request] = (tokens[done:], keep, done)
+                self._prefilled.pop(request, None)
+        rows, pieces = sum(len(plan[0]) for plan in batch.values()), 0
+        for request in sorted(prefills, key=lambda r: r.order):
+            tokens, keep = parked[request]
+            done = self._prefilled.get(request, 0)
+            piece = len(tokens) - done if self.prefill_chunk is None else min(self.prefill_chunk,
+                                                                             len(tokens) - done)
+            limit = self.max_batched_rows
+            if pieces and limit is not None and rows + piece > limit:
+                unfinished[request] = (tokens, keep)          # waits for a later round
+                continue
+            rows, pieces = rows + piece, pieces + 1
+            if done + piece < len(tokens):
+                batch[request] = (tokens[done:done + piece], 0, done)   # no logits yet
+                unfinished[request] = (tokens, keep)
+                self._prefilled[request] = done + piece
+            else:
+                batch[request] = (tokens[done:], keep, done)
+                self._prefilled.pop(request, None)
+        return batch, unfinished
+
     def _ready(self) -> bool:
         """Every live request is parked (holding the condition)."""
         return bool(self._live) and len(self._parked) == len(self._live)
@@ -252,17 +306,14 @@ class BatchedRounds:
                     return
                 parked, self._parked = self._parked, {}
                 slots = {r: self._live[r].slot for r in parked}
-            batch, unfinished = {}, {}
-            for request, (tokens, keep) in parked.items():
-                done = self._prefilled.get(request, 0)
-                chunk = self.prefill_chunk
-                if chunk is not None and keep == 1 and len(tokens) - done > chunk:
-                    batch[request] = (tokens[done:done + chunk], 0, done)   # no logits yet
-                    unfinished[request] = (tokens, keep)
-                    self._prefilled[request] = done + chunk
-                else:
-                    batch[request] = (tokens[done:], keep, done)
-                    self._prefilled.pop(request, None)
+                gone = {r: Cancelled("cancelled") for r in parked if r.is_cancelled()}
+                if gone:          # cancelled while parked: answered now, not run (a long prefill)
+                    self._answers.update(gone)
+                    self._cond.notify_all()
+                    parked = {r: v for r, v in parked.items() if r not in gone}
+                    if not parked:
+                        continue
+            batch, unfinished = self._plan(parked)
             total = sum(len(plan[0]) for plan in batch.values())
             for request, plan in batch.items():   # each request is parked: its policy idles
                 request.rows_last_round = len(plan[0])
@@ -274,7 +325,7 @@ class BatchedRounds:
                 answers = {r: logits[slots[r]] for r in batch if r not in unfinished}
             except BaseException as e:   # noqa: BLE001 - every request in the forward gets it
                 answers = {r: e for r in batch}
-                unfinished = {}
+                unfinished = {r: v for r, v in unfinished.items() if r not in batch}
             self.forwards += 1
             with self._cond:
                 self._answers.update(answers)

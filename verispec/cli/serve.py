@@ -34,7 +34,7 @@ def serve(
     served_model_name: str | None = typer.Option(None, "--served-model-name",
                                                  help="the name clients pass as 'model' (default: the target's)"),
     max_queue: int = typer.Option(32, "--max-queue", min=0,
-                                  help="requests that may wait while one decodes; more get 429 + Retry-After"),
+                                  help="requests that may wait while all --max-seqs slots decode; more get 429 + Retry-After"),
     api_key: str | None = typer.Option(None, "--api-key", envvar="VERISPEC_API_KEY",
                                        help="require 'Authorization: Bearer KEY' on /v1 routes"),
     no_prefix_reuse: bool = typer.Option(False, "--no-prefix-reuse",
@@ -55,14 +55,36 @@ def serve(
                                           help="seconds from arrival to the last token, queue included (408 beyond)"),
     read_timeout: float = typer.Option(30.0, "--read-timeout", min=0.001,
                                        help="seconds a client has to send its request headers, and its body"),
+    max_seqs: int = typer.Option(1, "--max-seqs", min=1,
+                                 help="requests decoded at once (continuous batching: one llama.cpp forward "
+                                      "per round scores every running request's rows; each response stays "
+                                      "exactly its solo response). llama.cpp only: the transformers backend "
+                                      "decodes one request at a time. Above 1: no prefix reuse, no echo with "
+                                      "logprobs, no cross-request suffix cache"),
+    max_batched_rows: int | None = typer.Option(None, "--max-batched-rows", min=1,
+                                                help="with --max-seqs > 1: the most rows one round's forward "
+                                                     "carries. Running requests' rows always go; prompt pieces "
+                                                     "(512 tokens each) join while the round stays within it, "
+                                                     "the oldest waiting prompt one piece per round regardless, "
+                                                     "so a long prompt never freezes the others' decoding "
+                                                     "[default: 512]"),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn's log level"),
 ) -> None:
-    """Serve the target (with speculative decoding) over an OpenAI-compatible HTTP API."""
+    """Serve the target (with speculative decoding) over an OpenAI-compatible HTTP API.
+
+    One request decodes at a time unless --max-seqs N (llama.cpp backend) batches up to N.
+    """
     from ..serve import bind, create_app, make_server, url_of
+    from ..serve.batched import load_batch_models
     from ..serve.guard import Limits, check_api_key   # the option defaults above are Limits'
 
     k_value = parse_k(k)
     check_rule(rule)
+    if max_seqs > 1 and backend == "transformers":
+        fail("--max-seqs > 1 needs the llama.cpp backend: the transformers backend decodes one request "
+             "at a time (drop --max-seqs, or use --backend llamacpp)")
+    if max_batched_rows is not None and max_seqs == 1:
+        fail("--max-batched-rows applies only with --max-seqs > 1 (several requests in one forward)")
     try:
         check_api_key(api_key)
     except ValueError as e:
@@ -75,7 +97,8 @@ def serve(
         fail(f"{e} (--host/--port)")
     url = url_of(sock)
     app = create_app(None, model_name=served_model_name, k=k_value, rule=rule, api_key=api_key,
-                     max_queue=max_queue, prefix_reuse=not no_prefix_reuse, limits=limits)
+                     max_queue=max_queue, prefix_reuse=not no_prefix_reuse, limits=limits,
+                     max_batched_rows=(max_batched_rows or 512) if max_seqs > 1 else None)
     server = make_server(app, log_level=log_level, graceful_seconds=graceful_seconds)
     failure: list[int] = []
 
@@ -89,6 +112,13 @@ def serve(
                 with err.status("warming up (k=auto times the target's cost curve)"):
                     prompt = [0, 1] if decoder.tokenizer is None else "Hello"
                     decoder.generate(prompt, max_new_tokens=2, k="auto", use_chat_template=False)
+            batch = None
+            if max_seqs > 1:
+                if used_backend != "llamacpp":
+                    fail(f"--max-seqs > 1 needs the llama.cpp backend, and the {used_backend} backend was "
+                         "chosen: it decodes one request at a time (add --backend llamacpp, or drop --max-seqs)")
+                with err.status(f"opening {max_seqs} llama.cpp sequence slots"):
+                    batch = load_batch_models(decoder, max_seqs)
         except typer.Exit as e:
             failure.append(e.exit_code or 2)
             server.should_exit = True
@@ -98,10 +128,11 @@ def serve(
             failure.append(1)
             server.should_exit = True
             return
-        app.state.verispec.attach(decoder)
+        app.state.verispec.attach(decoder, batch)
         name = served_model_name or decoder.target.name
         err.print(f"verispec serve: [bold]{url}/v1[/] (model {name!r}, backend {used_backend}, "
-                  f"draft {decoder.draft.name if decoder.draft else None}, k {k_value}); Ctrl-C stops")
+                  f"draft {decoder.draft.name if decoder.draft else None}, k {k_value}, "
+                  f"{max_seqs} at once); Ctrl-C stops")
         print(f"{url}/v1", flush=True)
 
     err.print(f"verispec serve: listening on {url} (loading the models; /health answers 503 until ready)")

@@ -8,6 +8,7 @@ One idea per room:
 | `schema` | request bodies -> a validated `GenerationRequest`, or a 400 naming the field |
 | `tokens` | prompts -> token ids (chat template, text, ids) and back, on the HTTP side |
 | `engine` | the bounded FIFO queue and the decode worker (batch size 1, prefix reuse, cancellation) |
+| `batched` | `BatchedEngine`: several requests at once on llama.cpp (continuous batching, `--max-seqs`) |
 | `progress` | one request round by round: stream chunks, logprobs, acceptance counters |
 | `responses` | OpenAI response bodies and stream chunks |
 | `metrics` | Prometheus metrics (`verispec:` names mirroring vLLM's) |

@@ -59,9 +59,11 @@ class ServeState:
     """
 
     def __init__(self, *, model_name: str | None, k, drafter: str | None, rule, api_key: str | None,
-                 max_queue: int, prefix_reuse: bool, limits: Limits | None = None) -> None:
+                 max_queue: int, prefix_reuse: bool, limits: Limits | None = None,
+                 max_batched_rows: int | None = None) -> None:
         self.model_name, self.k, self.drafter, self.rule = model_name, k, drafter, rule
         self.api_key, self.max_queue, self.prefix_reuse = api_key, max_queue, prefix_reuse
+        self.max_batched_rows = max_batched_rows
         self.limits = limits or Limits()
         self.metrics = ServerMetrics(model_name or "")
         self.decoder = self.engine = self.prompter = self.defaults = None
@@ -70,8 +72,9 @@ class ServeState:
     def ready(self) -> bool:
         return self.engine is not None
 
-    def attach(self, decoder) -> None:
-        """Serve `decoder` from now on (the CLI loads the models after the server started)."""
+    def attach(self, decoder, batch=None) -> None:
+        """Serve `decoder` from now on (the CLI loads the models after the server started);
+        with `batch` (`batched.BatchModels`), several requests at once (`BatchedEngine`)."""
         target = decoder.target
         name = self.model_name or target.name
         if self.metrics.model_name != name:      # no request was served before: nothing is lost
@@ -81,8 +84,14 @@ class ServeState:
             model_names=(name,), k=self.k, drafter=decoder.drafter,
             drafter_names=decoder.drafter_names, sampling=decoder.sampling_config)
         self.decoder = decoder
-        self.engine = Engine(decoder, self.metrics, max_queue=self.max_queue,
-                             prefix_reuse=self.prefix_reuse, rule=self.rule)
+        if batch is None:
+            self.engine = Engine(decoder, self.metrics, max_queue=self.max_queue,
+                                 prefix_reuse=self.prefix_reuse, rule=self.rule)
+        else:
+            from .batched import BatchedEngine
+
+            self.engine = BatchedEngine(decoder, self.metrics, batch, max_queue=self.max_queue,
+                                        rule=self.rule, max_batched_rows=self.max_batched_rows)
 
     def require_ready(self) -> None:
         if not self.ready:
@@ -102,7 +111,7 @@ class ServeState:
 
 def create_app(decoder=None, *, model_name: str | None = None, k: int | str = "auto", rule="auto",
                api_key: str | None = None, max_queue: int = 32, prefix_reuse: bool = True,
-               limits: Limits | None = None) -> FastAPI:
+               limits: Limits | None = None, batch=None, max_batched_rows: int | None = None) -> FastAPI:
     """An OpenAI-compatible FastAPI app serving `decoder` (run it with uvicorn).
 
     Args:
@@ -119,20 +128,29 @@ def create_app(decoder=None, *, model_name: str | None = None, k: int | str = "a
             from scratch; for measurements).
         limits: body size, read time, prompt length and per-request time (`guard.Limits`;
             default its defaults).
+        batch: `batched.BatchModels` (`load_batch_models`): decode up to its target's
+            `n_seq_max` requests at once on llama.cpp (continuous batching; no prefix
+            reuse, no prompt logprobs: see `verispec.serve.batched`); None: one at a time.
+        max_batched_rows: with `batch`, the most rows one round's forward carries
+            (`verispec.batching.BatchedRounds`); None: no bound.
 
     Returns:
         The app; `app.state.verispec` is its `ServeState` (engine, metrics).
 
     Raises:
-        ValueError: naming `k`, `max_queue` or `api_key` when out of range.
+        ValueError: naming `k`, `max_queue`, `api_key` or `max_batched_rows` when out of range.
     """
     if not (k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and k >= 0)):
         raise ValueError(f'k must be "auto" or an integer >= 0, got {k!r}')
     check_api_key(api_key)
+    if max_batched_rows is not None and (isinstance(max_batched_rows, bool) or not isinstance(
+            max_batched_rows, int) or max_batched_rows < 1):
+        raise ValueError(f"max_batched_rows must be an integer >= 1 or None, got {max_batched_rows!r}")
     state = ServeState(model_name=model_name, k=k, drafter=None, rule=rule, api_key=api_key,
-                       max_queue=max_queue, prefix_reuse=prefix_reuse, limits=limits)
+                       max_queue=max_queue, prefix_reuse=prefix_reuse, limits=limits,
+                       max_batched_rows=max_batched_rows)
     if decoder is not None:
-        state.attach(decoder)
+        state.attach(decoder, batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -304,6 +322,10 @@ async def _generate(endpoint: str, request: Request, state: ServeState):
         where = "messages" if endpoint == "chat" else "prompt"
         raise ApiError(400, f"the prompt has {len(req.prompt_ids)} tokens; this server takes at most "
                             f"{cap} (--max-prompt-tokens)", param=where, code="context_length_exceeded")
+    if req.echo and req.logprobs is not None and not state.engine.prompt_logprobs:
+        raise bad_request("echo", "echo with logprobs (prompt log-probabilities) is not supported while "
+                                  "the server decodes several requests at once (--max-seqs > 1); "
+                                  "drop echo or logprobs, or serve with --max-seqs 1")
     # n > 1: one job per choice, choice i with seed + i (`choice_seeds`), all under one id
     jobs = [Job(req if req.n == 1 else replace(req, seed=seed)) for seed in choice_seeds(req.seed, req.n)]
     for job in jobs:

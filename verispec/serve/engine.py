@@ -106,6 +106,7 @@ class Job:
         self.cancel_requested = threading.Event()
         self.rounds_at_cancel: int | None = None
         self.deadline: float | None = None      # perf_counter reading; None = no time limit
+        self.slot: int | None = None            # the sequence slot it decoded in (batched engine)
         self.shutting_down = False
         self.progress: RequestProgress | None = None
         self.loop = loop or asyncio.get_running_loop()
@@ -130,7 +131,8 @@ class Job:
 
 
 class Engine:
-    """The queue and the decode worker thread.
+    """The queue and the decode worker thread (batch size 1; `batched.BatchedEngine`
+    decodes several requests at once on llama.cpp).
 
     Args:
         decoder: a `SpeculativeDecoder` (or a subclass: its `generate`, `target`, `draft`
@@ -148,7 +150,7 @@ class Engine:
             raise ValueError(f"max_queue must be an integer >= 0, got {max_queue!r}")
         self.decoder, self.metrics = decoder, metrics
         self.max_queue, self.prefix_reuse, self.rule = max_queue, prefix_reuse, rule
-        self.current: Job | None = None
+        self.running: list[Job] = []         # decoding now, oldest first (at most `slots`)
         self.history: deque[dict] = deque(maxlen=1024)   # finished jobs, newest last
         self._queue: deque[Job] = deque()
         self._cv = threading.Condition()
@@ -170,23 +172,32 @@ class Engine:
                 raise ApiError(503, "the server is shutting down")
             if len(self._queue) >= self.max_queue:
                 ahead = len(self._queue) + 1
-                raise QueueFull(max(1, math.ceil(self._service_seconds * ahead)), len(self._queue))
+                raise QueueFull(max(1, math.ceil(self._service_seconds * ahead / self.slots)), len(self._queue))
             self._queue.append(job)
             self.metrics.waiting.set(len(self._queue))
             self._cv.notify()
+
+    slots = 1                       # requests decoded at once
+    prompt_logprobs = True          # echo + logprobs supported
 
     @property
     def waiting(self) -> int:
         return len(self._queue)
 
+    @property
+    def current(self) -> Job | None:
+        """The oldest request decoding now, or None."""
+        running = self.running
+        return running[0] if running else None
+
     def idle(self) -> bool:
         """True when nothing is queued or decoding."""
         with self._cv:
-            return not self._queue and self.current is None
+            return not self._queue and not self.running
 
     def drain(self, grace: float) -> None:
         """Graceful shutdown: refuse new requests, answer the queued ones with a 503, let
-        the one decoding run up to `grace` seconds, then stop it after its round."""
+        the ones decoding run up to `grace` seconds, then stop them after their round."""
         with self._cv:
             self._closed = True
             pending = list(self._queue)
@@ -199,51 +210,61 @@ class Engine:
         end = time.monotonic() + grace
         while True:
             with self._cv:
-                current = self.current
-            if current is None or time.monotonic() >= end:
+                running = list(self.running)
+            if not running or time.monotonic() >= end:
                 break
             time.sleep(0.02)
-        if current is not None:
-            current.shutting_down = True
-            current.cancel()
+        for job in running:
+            job.shutting_down = True
+            job.cancel()
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Refuse new requests, cancel the queued ones and the one decoding, and stop the
+        """Refuse new requests, cancel the queued ones and the ones decoding, and stop the
         worker (it finishes the round in flight)."""
         with self._cv:
             self._closed = True
             pending = list(self._queue)
             self._queue.clear()
             self.metrics.waiting.set(0)
-            current = self.current
+            running = list(self.running)
             self._cv.notify_all()
         for job in pending:
             job.cancel()
             self._finish(job, "abort")
             job.post(_shutting_down())
-        if current is not None:
-            current.shutting_down = True
-            current.cancel()
+        for job in running:
+            job.shutting_down = True
+            job.cancel()
         self._thread.join(timeout)
 
     # -- the worker thread -------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._queue and not self._closed:
+                while not self._closed and not (self._queue and len(self.running) < self.slots):
                     self._cv.wait()
                 if not self._queue:
                     return
                 job = self._queue.popleft()
                 self.metrics.waiting.set(len(self._queue))
-                self.current = job
-            try:
-                self._run(job)
-            except Exception:                     # never let the worker die
-                log.exception("request %s failed outside generate", job.id)
-            finally:
-                with self._cv:
-                    self.current = None
+                self.running.append(job)
+                self.metrics.running.set(len(self.running))
+            self._launch(job)
+
+    def _launch(self, job: Job) -> None:
+        """Decode `job` (here, in the worker thread: one at a time)."""
+        self._serve(job)
+
+    def _serve(self, job: Job) -> None:
+        try:
+            self._run(job)
+        except Exception:                     # never let the worker die
+            log.exception("request %s failed outside generate", job.id)
+        finally:
+            with self._cv:
+                self.running.remove(job)
+                self.metrics.running.set(len(self.running))
+                self._cv.notify_all()
 
     def _reuse(self, prompt_ids: list[int]) -> int:
         """Prepare the caches for `prompt_ids`; return how many prompt tokens they hold."""
@@ -269,7 +290,6 @@ class Engine:
             job.post(_timed_out(job, 0))
             return
         job.started = time.perf_counter()
-        self.metrics.running.set(1)
         tokenizer = self.decoder.tokenizer
         progress = RequestProgress(tokenizer, logprobs=req.logprobs,
                                    emit=job.post if req.stream else None,
@@ -282,12 +302,7 @@ class Engine:
                 prompt_lps, cached = self._prompt_logprobs(req, progress), 0
             if req.echo and req.stream:
                 job.post(Chunk(req.prompt_text or "", [], prompt_lps))
-            result = self.decoder.generate(
-                req.prompt_ids, max_new_tokens=req.max_tokens, sampling=req.sampling, k=req.k,
-                drafter=req.drafter, seed=req.seed, stop_strings=req.stop_strings, rule=self.rule,
-                stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
-                on_text=progress.on_text if req.stream and tokenizer is not None else None,
-                observer=progress.observe)
+            result = self._generate(job, progress)
         except Cancelled:
             self._finish(job, "abort", cached)
             if progress.expired:
@@ -309,8 +324,6 @@ class Engine:
             self._finish(job, "error", cached)
             job.post(ApiError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error"))
             return
-        finally:
-            self.metrics.running.set(0)
         progress.finish(result.text)
         finished = time.perf_counter()
         spec = progress.spec_metrics(req.k)
@@ -322,6 +335,16 @@ class Engine:
             metrics={**progress.timing(job.arrival, job.started, finished), "speculative_decoding": spec})
         self._finish(job, outcome.finish_reason, cached, finished)
         job.post(outcome)
+
+    def _generate(self, job: Job, progress: RequestProgress, **extra):
+        """`SpeculativeDecoder.generate` for the job's request (`extra`: more keywords)."""
+        req = job.request
+        return self.decoder.generate(
+            req.prompt_ids, max_new_tokens=req.max_tokens, sampling=req.sampling, k=req.k,
+            drafter=req.drafter, seed=req.seed, stop_strings=req.stop_strings, rule=self.rule,
+            stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
+            on_text=progress.on_text if req.stream and self.decoder.tokenizer is not None else None,
+            observer=progress.observe, **extra)
 
     def _prompt_logprobs(self, req: GenerationRequest, progress: RequestProgress) -> list[TokenLogprob]:
         """Each prompt token's log-probability given the tokens before it (echo + logprobs).
@@ -359,7 +382,7 @@ class Engine:
                             started=job.started, finished=job.finished)
         self.history.append({"id": job.id, "finish_reason": reason,
                              "rounds": progress.rounds if progress else 0,
-                             "rounds_at_cancel": job.rounds_at_cancel,
+                             "rounds_at_cancel": job.rounds_at_cancel, "slot": job.slot,
                              "tokens": len(progress.token_ids) if progress else 0})
         job.finish_reason = reason
 

@@ -1,0 +1,240 @@
+"""`verispec serve --max-seqs N` against `llama-server -np N`: throughput and latency under N clients.
+
+    PYTHONPATH=. python benchmarks/serve/batch_bench.py --target smollm2-135m --draft none \
+        --clients 1,2,4,8 --max-tokens 64 --out benchmarks/serve/batched-smollm2
+
+For each N in --clients, each server is started afresh with N sequence slots (verispec:
+`verispec serve --max-seqs N`, the python running this script, same --threads; llama.cpp:
+`llama-server -np N -c N*ctx --no-repack -t T -tb T`, continuous batching, no speculation),
+and N client threads share --requests greedy requests, one prompt each (Spec-Bench's first
+turns, two per category), each client sending its next one when its last is answered: every
+level runs the same prompts on every server. Every
+request carries the same prompt token ids (verispec's /tokenize of the chat message, sent
+as a token-id prompt to both: no template differences), temperature 0, ignore_eos and
+max_tokens m, so every request generates exactly m tokens; llama-server's prompt cache is
+off (cache_prompt false) and verispec's too (--no-prefix-reuse; batched mode has none), and
+verispec's suffix drafter drafts from each request alone (--suffix-cache-size 0), so at
+N = 1 both decode each prompt from an empty cache. Servers run one at a time
+(each its own process); nothing else of this script runs while one is measured but the
+clients.
+
+Reported per (server, N): aggregate output tokens/s = Σ tokens / wall seconds of the level
+(first request sent to last response received), mean and p95 request latency (client side),
+and the ids check: how many responses equal that server's own N = 1 response for the same
+prompt token for token (verispec's batched mode must give all; llama-server's batching is not
+batch-invariant), and how many of llama-server's equal verispec's.
+
+Writes results.jsonl, meta.json and table.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from verispec import registry  # noqa: E402
+from verispec.bench import collect_meta  # noqa: E402
+from verispec.prompts import load_prompts  # noqa: E402
+
+BIN = Path.home() / ".cache/verispec/build/llama.cpp-0c1e570/bin"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def process(cmd: list[str], url: str, log: Path, env: dict | None = None, ready_timeout: float = 300):
+    """Run `cmd` until `url`/health answers 200; stop it on exit."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"{cmd[0]} exited ({proc.returncode}); see {log}: {shlex.join(cmd)}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{cmd[0]} was not ready in {ready_timeout:g} s; see {log}")
+            time.sleep(0.5)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def verispec_cmd(args, n: int, port: int, invariant: bool) -> list[str]:
+    return [sys.executable, "-m", "verispec.cli", "serve", "--backend", "llamacpp", "--target", args.target,
+            "--draft", args.draft, "--k", args.k, "--port", str(port), "--max-seqs", str(n), "--max-queue", "256",
+            "--threads", str(args.threads),
+            "--suffix-cache-size", "0", "--no-prefix-reuse", *([] if invariant else ["--no-batch-invariant"])]
+
+
+def llama_cmd(args, n: int, port: int) -> list[str]:
+    gguf = registry.resolve(args.target, weights=False).gguf_path
+    return [str(Path(args.bin_dir) / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+            "-t", str(args.threads), "-tb", str(args.threads), "-np", str(n), "-c", str(n * args.ctx),
+            "--no-repack", "--metrics"]
+
+
+def request(http: httpx.Client, kind: str, url: str, ids: list[int], m: int) -> tuple[list[int], float]:
+    """One greedy request of exactly m tokens; (output ids, client seconds)."""
+    start = time.perf_counter()
+    if kind == "llama-server":
+        resp = http.post(url + "/completion", json={"prompt": ids, "n_predict": m, "temperature": 0,
+                                                    "ignore_eos": True, "cache_prompt": False,
+                                                    "return_tokens": True})
+        resp.raise_for_status()
+        out = resp.json()["tokens"]
+    else:
+        resp = http.post(url + "/v1/completions", json={"prompt": ids, "max_tokens": m, "temperature": 0,
+                                                        "ignore_eos": True, "return_token_ids": True})
+        resp.raise_for_status()
+        out = resp.json()["choices"][0]["token_ids"]
+    return out, time.perf_counter() - start
+
+
+def level(kind: str, url: str, prompts: list[list[int]], n: int, m: int) -> list[dict]:
+    """N clients sharing one request per prompt; one row per request."""
+    rows: list[dict] = []
+    lock = threading.Lock()
+    todo = list(range(len(prompts)))
+
+    def client(c: int) -> None:
+        with httpx.Client(timeout=1800) as http:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    p = todo.pop(0)
+                ids, seconds = request(http, kind, url, prompts[p], m)
+                with lock:
+                    rows.append({"prompt": p, "ids": ids, "seconds": seconds, "end": time.perf_counter()})
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(n)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for row in rows:
+        row["level_seconds"] = max(r["end"] for r in rows) - start
+    return rows
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--draft", default="none", help="verispec's draft model ('none': suffix decoding only)")
+    ap.add_argument("--k", default="auto")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=16, help="requests per level: Spec-Bench's first N first turns")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--ctx", type=int, default=2048, help="llama-server context per slot")
+    ap.add_argument("--servers", default="verispec,llama-server",
+                    help="comma list of verispec, verispec-no-invariant, llama-server")
+    ap.add_argument("--bin-dir", default=str(BIN))
+    ap.add_argument("--dataset", default=None)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    clients = [int(c) for c in args.clients.split(",")]
+    servers = args.servers.split(",")
+    texts = [p.text for p in load_prompts(args.dataset, per_category=2)][:args.requests]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rows, commands = [], {}
+    meta = collect_meta(command=" ".join(shlex.quote(a) for a in sys.argv), servers=commands,
+                        llama_cpp_build=str(args.bin_dir), max_tokens=args.max_tokens,
+                        requests=args.requests, threads=args.threads)
+    prompts: list[list[int]] | None = None
+    for n in clients:
+        for kind in servers:
+            port = _free_port()
+            url = f"http://127.0.0.1:{port}"
+            cmd = llama_cmd(args, n, port) if kind == "llama-server" else verispec_cmd(
+                args, n, port, invariant=kind == "verispec")
+            commands[kind] = shlex.join(cmd[:1] + [c for c in cmd[1:]])
+            with process(cmd, url, out / f"{kind}-{n}.log", env=env):
+                if prompts is None:          # verispec's chat template, once, for every server
+                    if kind == "llama-server":
+                        raise SystemExit("list a verispec server first in --servers (it tokenizes the prompts)")
+                    prompts = [httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": t}]},
+                                          timeout=60).json()["tokens"] for t in texts]
+                got = level(kind, url, prompts, n, args.max_tokens)
+            for row in got:
+                rows.append({"server": kind, "clients": n, **row})
+            tokens = sum(len(r["ids"]) for r in got)
+            print(f"{kind} N={n}: {tokens / got[0]['level_seconds']:.1f} tok/s, mean "
+                  f"{statistics.mean(r['seconds'] for r in got):.2f} s", flush=True)
+            write(out, rows, servers, clients, meta)     # after every level: a cut-short run keeps its rows
+    print((out / "table.md").read_text())
+
+
+def write(out: Path, rows: list[dict], servers: list[str], clients: list[int], meta: dict) -> None:
+    with (out / "results.jsonl").open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "table.md").write_text(table(rows, servers, clients, meta))
+
+
+def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) -> str:
+    solo = {(r["server"], r["prompt"]): r["ids"] for r in rows if r["clients"] == clients[0]}
+    ref = {r["prompt"]: r["ids"] for r in rows if r["server"] == servers[0] and r["clients"] == clients[0]}
+    lines = [f"Command: `{meta['command']}`  ",
+             f"Date {meta['date']}; machine {meta['machine']['cpu']}, {meta['machine']['usable_cores']} usable cores, "
+             f"load average at start {meta['loadavg_at_start']}; versions {meta['versions']}  ",
+             f"Servers: " + "; ".join(f"`{k}`: `{v}`" for k, v in meta["servers"].items()) + "  ",
+             f"Greedy, ignore_eos, {meta['max_tokens']} tokens per request, {meta['requests']} requests "
+             f"(one per prompt) per level shared by the clients, {meta['threads']} threads.", "",
+             "| server | clients | requests | output tok/s | mean latency s | p95 latency s | "
+             f"ids = own N={clients[0]} | ids = {servers[0]} |", "|---|---|---|---|---|---|---|---|"]
+    for n in clients:
+        for kind in servers:
+            got = [r for r in rows if r["server"] == kind and r["clients"] == n]
+            if not got:
+                continue
+            tokens = sum(len(r["ids"]) for r in got)
+            same = sum(r["ids"] == solo.get((kind, r["prompt"])) for r in got)
+            agree = sum(r["ids"] == ref.get(r["prompt"]) for r in got)
+            lat = [r["seconds"] for r in got]
+            lines.append(f"| {kind} | {n} | {len(got)} | {tokens / got[0]['level_seconds']:.1f} | "
+                         f"{statistics.mean(lat):.2f} | {p95(lat):.2f} | {same}/{len(got)} | {agree}/{len(got)} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
