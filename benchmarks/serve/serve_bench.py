@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from verispec.api import SpeculativeDecoder, load_model
-from verispec.bench import collect_meta, load_questions, resolve_dataset
+from verispec.bench import collect_meta
+from verispec.prompts import dataset_path, load_prompts
 from verispec.serve import BackgroundServer, create_app
 
 
@@ -114,21 +115,21 @@ def throughput(args, decoder, questions, out) -> list[dict]:
             via_server(http, url, [{"role": "user", "content": "Hi"}], 4, args.k, False)       # warm-up
             in_process(decoder, "Hi", 4, args.k)
             for i, q in enumerate(questions):
-                messages = [{"role": "user", "content": q.prompt}]
+                messages = [{"role": "user", "content": q.text}]
                 order = ["inproc", "server", "server-stream"]
                 order = order[i % 3:] + order[:i % 3]
                 runs = {}
                 for method in order:
                     load = os.getloadavg()[0]
                     if method == "inproc":
-                        runs[method] = in_process(decoder, q.prompt, args.max_new_tokens, args.k)
+                        runs[method] = in_process(decoder, q.text, args.max_new_tokens, args.k)
                     else:
                         runs[method] = via_server(http, url, messages, args.max_new_tokens, args.k,
                                                   method == "server-stream")
                     runs[method]["load"] = load
                 ref = runs["inproc"]
                 for method, r in runs.items():
-                    row = {"part": "throughput", "question_id": q.question_id, "category": q.category,
+                    row = {"part": "throughput", "question_id": q.id, "category": q.category,
                            "method": method, "tokens": len(r["ids"]), "wall_seconds": r["wall"],
                            "loadavg": r["load"], "same_ids_as_inproc": r["ids"] == ref["ids"],
                            "counters": r["counters"] if method == "inproc" else server_counters(r["metrics"])}
@@ -241,9 +242,9 @@ def main() -> None:
     draft_name = args.draft + (f"[:{args.draft_layers} layers]" if args.draft_layers else "")
     meta = collect_meta(command=command, backend=args.backend, target=args.target, draft=draft_name, k=args.k,
                         per_category=args.per_category, max_new_tokens=args.max_new_tokens)
-    dataset = resolve_dataset(args.dataset)
-    questions = load_questions(dataset, per_category=args.per_category)
-    docs = [q.prompt for q in load_questions(dataset, ["summarization"], args.ttft_docs)]
+    dataset = dataset_path(args.dataset)
+    questions = load_prompts(dataset, per_category=args.per_category)
+    docs = [q.text for q in load_prompts(dataset, ["summarization"], args.ttft_docs)]
     target = load_model(args.target, backend=args.backend)
     draft = load_model(args.target if args.draft == "self" else args.draft, backend=args.backend,
                        num_hidden_layers=args.draft_layers)
