@@ -30,7 +30,7 @@ from .policy import make_policy
 from .policy.adaptive import check_k_max
 from .sampling import SamplingConfig, SeededRandomness
 from .text import TextStream, check_stop_strings
-from .verify import RULES, Rule, gumbel, standard
+from .verify import Rule, resolve_rule
 
 #: `generate`'s sampling keywords at their defaults (the `sampling=` argument replaces them).
 _SAMPLING_DEFAULTS = (0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, None, None, 0)
@@ -422,37 +422,6 @@ def _ending_ids(target: CausalLM, stop_token_ids: Sequence[int] | None, ignore_e
             raise ValueError(f"stop_token_ids must hold token ids in 0..{target.vocab_size - 1}, got {i!r}")
         extra.append(i)
     return frozenset(extra) | (frozenset() if ignore_eos else target.eos_token_ids)
-
-
-def resolve_rule(rule: str | Rule, k: int | str, drafters: dict) -> Rule:
-    """The acceptance rule a generation uses.
-
-    "auto" picks the coupled rule (`gumbel`) whenever the output must not depend on
-    which positions were drafted: with k = "auto" (the policy's choices depend on
-    measured times and on earlier calls) and whenever every drafter in use is a
-    point mass (prompt lookup: there the coupled rule accepts with the standard
-    rule's probability p(x), so it costs nothing). With a fixed k and a draft model
-    it picks `standard`, which accepts more (α = Σ min(p, q)) and is reproducible
-    for the same (seed, k, drafter).
-
-    Args:
-        rule: "auto", a name in `verispec.verify.RULES`, or a `Rule`.
-        k: the generation's k (an integer or "auto").
-        drafters: name -> drafter in use.
-
-    Raises:
-        ValueError: naming `rule` when it is unknown.
-    """
-    if not isinstance(rule, str):
-        return rule
-    if rule == "auto":
-        if k == "auto":
-            return gumbel
-        first = next(iter(drafters.values()), None)   # a fixed k drafts with the first one
-        return gumbel if first is None or first.point_mass else standard
-    if rule not in RULES:
-        raise ValueError(f"rule must be auto or one of {', '.join(RULES)}, got {rule!r}")
-    return RULES[rule]
 
 
 def _check_drafter_object(drafter) -> None:

@@ -221,3 +221,34 @@ gumbel = GumbelRule()
 
 #: Rules by name, for the API, the CLI and the audit (a new rule is one class plus one line).
 RULES: dict[str, Rule] = {"standard": standard, "gumbel": gumbel}
+
+
+def resolve_rule(rule: str | Rule, k: int | str, drafters: dict) -> Rule:
+    """The acceptance rule a generation uses.
+
+    "auto" picks the coupled rule (`gumbel`) whenever the output must not depend on
+    which positions were drafted: with k = "auto" (the policy's choices depend on
+    measured times and on earlier calls) and whenever every drafter in use is a
+    point mass (prompt lookup: there the coupled rule accepts with the standard
+    rule's probability p(x), so it costs nothing). With a fixed k and a draft model
+    it picks `standard`, which accepts more (α = Σ min(p, q)) and is reproducible
+    for the same (seed, k, drafter).
+
+    Args:
+        rule: "auto", a name in `verispec.verify.RULES`, or a `Rule`.
+        k: the generation's k (an integer or "auto").
+        drafters: name -> drafter in use.
+
+    Raises:
+        ValueError: naming `rule` when it is unknown.
+    """
+    if not isinstance(rule, str):
+        return rule
+    if rule == "auto":
+        if k == "auto":
+            return gumbel
+        first = next(iter(drafters.values()), None)   # a fixed k drafts with the first one
+        return gumbel if first is None or first.point_mass else standard
+    if rule not in RULES:
+        raise ValueError(f"rule must be auto or one of {', '.join(RULES)}, got {rule!r}")
+    return RULES[rule]
