@@ -104,6 +104,13 @@ def test_endpoint_only_bench_interleaves_servers_and_fills_the_tables(dataset):
     assert all(r["identical_to_plain"] for r in rows if r["method"] != "plain")
     # the same prompt, as one user message, reached both servers
     assert [b["messages"] for b in spec_app.state.seen] == [b["messages"] for b in plain_app.state.seen][::2]
+    # every timed request follows an untimed 1-token one of the same prompt on the same server
+    # (a prefix cache is warm for plain, plain-again and the spec-on server alike)
+    for seen in (plain_app.state.seen, spec_app.state.seen):
+        timed = [i for i, b in enumerate(seen) if b["max_tokens"] == 16]
+        assert len(timed) == len(seen) // 2
+        assert all(seen[i - 1]["max_tokens"] == 1 and seen[i - 1]["messages"] == seen[i]["messages"]
+                   for i in timed)
     cells = summarize(rows)["cells"]
     assert cells["endpoint"]["overall"]["tau"] == 16 / 10
     assert cells["plain-again"]["overall"]["speedup"] is not None
