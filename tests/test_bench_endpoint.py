@@ -144,3 +144,4 @@ def test_cli_endpoint_mode_writes_the_table_and_refuses_a_lone_reference(dataset
     assert result.exit_code == 0, result.output
     table = (out / "table.md").read_text()
     assert "endpoint" in table and "plain-again" in table and "speculation on" in table
+    assert "timed on a warm prompt cache" in table       # the report says how servers were timed

@@ -149,6 +149,8 @@ def run_bench(questions: Sequence[Prompt], methods: Sequence[str] | None = None,
                 "target": target_model.name if target_model is not None else endpoints["plain"].url,
                 "draft": draft_model.name if draft_model is not None else None,
                 "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
+    if endpoints:
+        settings["warm_prompt_cache"] = True     # see measure(): the report says so
     described = {m: e.description for m, e in endpoints.items() if e.description}
     if described:
         meta = {**(meta or {}), "method_descriptions": {**(meta or {}).get("method_descriptions", {}),

@@ -85,9 +85,10 @@ def render_markdown(summary: dict, meta: dict | None = None) -> str:
         "humanities), rows picked round-robin over them in file order"
         + (f"; {prompts} prompts" if prompts is not None else ""),
         "- method order: per prompt, plain first, then each method (interleaved, models loaded "
-        "once); KV caches emptied before every generation, so each wall time includes its prefill; "
-        "servers (`--endpoint`): each timed request follows an untimed 1-token request of the same "
-        "prompt, so every server is timed on a warm prompt cache",
+        "once); KV caches emptied before every generation, so each wall time includes its prefill"
+        + ("; servers (`--endpoint`): each timed request follows an untimed 1-token request of "
+           "the same prompt, so every server is timed on a warm prompt cache"
+           if meta.get("warm_prompt_cache") else ""),
         "",
         "**Definitions.** For a method m and a category, over the category's prompts where both m "
         "and plain succeeded: speedup = (Σ new tokens_m / Σ wall seconds_m) / (Σ new tokens_plain / "
