@@ -126,3 +126,17 @@ def test_the_paired_comparison_passes_an_exact_server_and_fails_a_biased_one():
     assert paired.verdict == "pass", paired.reasons
     assert "paired" in paired.decisive[0].name and paired.decisive[0].se < unpaired.decisive[0].se / 2
     assert biased.verdict == "FAIL", biased.reasons
+
+
+@pytest.mark.parametrize("off_fault, status", [("slot-order", "spec-off too"), ("exact", "FAIL")])
+def test_a_probe_failing_without_speculation_too_is_the_servers_not_speculations(off_fault, status):
+    """With a spec-off reference, a probe the audited server FAILs is rerun on the spec-off
+    server: batch-slot dependence present without speculation (llama-server's batch-variant
+    kernels) is reported, not blamed on speculation; present only with it, it still FAILs."""
+    with BackgroundServer(zoo_app("slot-order")) as on, BackgroundServer(zoo_app(off_fault, k=0)) as off:
+        report = run_token_audit(Endpoint(on + "/v1", "zoo"), zoo_reference(), PROMPTS, 8, 16,
+                                 SamplingConfig(temperature=T), reference_endpoint=Endpoint(off + "/v1", "zoo"),
+                                 probes=("concurrency",), significance=SIGNIFICANCE, tolerance=TOLERANCE)
+    probe = next(p for p in report.probes if p.name == "concurrency")
+    assert probe.status == status, probe
+    assert any(r.startswith("probe concurrency") for r in report.reasons) == (status == "FAIL")

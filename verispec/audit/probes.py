@@ -36,7 +36,7 @@ from ..sampling import SamplingConfig
 from .endpoint import Endpoint, EndpointError
 from .scoring import NEAR_TIE_MARGIN, score_completion
 
-__all__ = ["PROBES", "ProbeContext", "ProbeResult", "run_probes"]
+__all__ = ["PROBES", "ProbeContext", "ProbeResult", "attribute_to_spec_off", "run_probes"]
 
 PROBES = ("cold-warm", "shared-prefix", "concurrency", "context-limit", "stream", "controls", "logprobs")
 
@@ -48,7 +48,7 @@ CONTROLS = (("presence_penalty", 2.0), ("frequency_penalty", 1.0), ("repetition_
 @dataclass
 class ProbeResult:
     name: str
-    status: str          # pass | FAIL | skipped
+    status: str          # pass | FAIL | skipped | spec-off too (fails without speculation as well)
     detail: str
     requests: int = 0
     numerics: int = 0    # greedy near-ties seen (not failures)
@@ -277,4 +277,33 @@ def run_probes(ctx: ProbeContext, names: Sequence[str] = PROBES) -> list[ProbeRe
             out.append(_RUN[n](ctx))
         except EndpointError as e:
             out.append(ProbeResult(n, "FAIL", f"the server failed the probe's request: {e}"))
+    return out
+
+
+def attribute_to_spec_off(audited: list[ProbeResult], ctx_off: ProbeContext) -> list[ProbeResult]:
+    """With a spec-off reference endpoint the question is whether *speculation* changes
+    the output: each probe the audited server FAILs is run on the spec-off server too, and
+    one that fails there as well (llama-server's batch-variant kernels under concurrency,
+    its own penalty semantics) is a property of the server, not of its speculation. It is
+    reported as "spec-off too" with both details and does not decide; a probe that fails
+    only with speculation on stays FAIL.
+
+    Args:
+        audited: the audited server's probe results (`run_probes`).
+        ctx_off: the same probe context with the spec-off endpoint.
+
+    Returns:
+        The results, FAILs shared with the spec-off server re-labelled.
+    """
+    failed = [r.name for r in audited if r.status == "FAIL"]
+    if not failed:
+        return audited
+    off = {r.name: r for r in run_probes(ctx_off, failed)}
+    out = []
+    for r in audited:
+        o = off.get(r.name)
+        if r.status == "FAIL" and o is not None and o.status == "FAIL":
+            r = ProbeResult(r.name, "spec-off too", f"{r.detail}; spec-off: {o.detail}",
+                            r.requests + o.requests, r.numerics + o.numerics)
+        out.append(r)
     return out

@@ -66,9 +66,9 @@ def text(audit: TokenAudit) -> str:
                      f"{audit.info.get('margin', 0):g})")
     if audit.probes:
         out.append("")
-        out.append(f"{'probe':<15} {'status':<8} detail")
+        out.append(f"{'probe':<15} {'status':<12} detail")
         for p in audit.probes:
-            out += _wrap(f"{p.name:<15} {p.status:<8} {p.detail}", " " * 25)
+            out += _wrap(f"{p.name:<15} {p.status:<12} {p.detail}", " " * 29)
     out.append("")
     out += _wrap(f"verdict: {audit.verdict}")
     for r in audit.reasons:

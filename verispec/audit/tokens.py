@@ -28,7 +28,7 @@ import numpy as np
 from ..models.base import CausalLM
 from ..sampling import SamplingConfig
 from .endpoint import Endpoint, EndpointSettings, draw_samples
-from .probes import ProbeContext, ProbeResult, run_probes
+from .probes import ProbeContext, ProbeResult, attribute_to_spec_off, run_probes
 from .scoring import NEAR_TIE_MARGIN, TokenScores, score_completion, stack
 from .tokenstats import Effect, per_position, token_effects
 from .twosample import paired_effects, two_sample_effects
@@ -186,6 +186,10 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
         ctx = ProbeContext(endpoint, reference, [list(p) for p in prompts], m=min(m, 32), margin=margin,
                            detokenize=detokenize, context_length=context_length, seed=seed)
         probe_results = run_probes(ctx, probes)
+        if reference_endpoint is not None:    # does *speculation* change it? (probes module)
+            ctx_off = ProbeContext(reference_endpoint, reference, ctx.prompts, m=ctx.m, margin=margin,
+                                   detokenize=detokenize, context_length=context_length, seed=seed)
+            probe_results = attribute_to_spec_off(probe_results, ctx_off)
     if replay is not None:
         from .replay import replay_check
         probe_results.append(replay_check(replay["decoder"], prompts, drawn, sampling, k=replay.get("k", 0),
