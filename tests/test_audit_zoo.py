@@ -140,3 +140,20 @@ def test_a_probe_failing_without_speculation_too_is_the_servers_not_speculations
     probe = next(p for p in report.probes if p.name == "concurrency")
     assert probe.status == status, probe
     assert any(r.startswith("probe concurrency") for r in report.reasons) == (status == "FAIL")
+
+
+def test_greedy_with_a_spec_off_reference_compares_the_two_servers():
+    """Greedy + reference endpoint: the servers' outputs are compared with each other
+    (divergences classified by the reference's logit gap); the local argmax is beside."""
+    with BackgroundServer(zoo_app("exact", k=0)) as off, BackgroundServer(zoo_app("exact")) as on, \
+            BackgroundServer(zoo_app("no-rollback")) as bad:
+        kw = dict(significance=SIGNIFICANCE, tolerance=TOLERANCE,
+                  reference_endpoint=Endpoint(off + "/v1", "zoo"))
+        good = run_token_audit(Endpoint(on + "/v1", "zoo"), zoo_reference(), PROMPTS, 2, M,
+                               SamplingConfig(temperature=0.0), **kw)
+        stale = run_token_audit(Endpoint(bad + "/v1", "zoo"), zoo_reference(), PROMPTS, 2, M,
+                                SamplingConfig(temperature=0.0), **kw)
+    assert good.verdict == "pass" and "completions equal spec-off's" in good.reasons[0], good.reasons
+    assert "greedy_vs_local_argmax" in good.info
+    assert stale.verdict == "FAIL" and "spec-off gave" in stale.reasons[0], stale.reasons
+    assert all(g["against"] == "spec-off" for g in stale.greedy)

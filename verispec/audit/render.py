@@ -60,10 +60,14 @@ def text(audit: TokenAudit) -> str:
     out.append("")
     out += _wrap(f"tokens outside the reference's support: {audit.impossible} impossible, "
                  f"{audit.near_ties} near-ties at the cut-off (numerics)")
+    local = audit.info.get("greedy_vs_local_argmax")
     if audit.greedy:
         bugs = sum(g["kind"] == "bug" for g in audit.greedy)
-        out += _wrap(f"greedy divergences: {len(audit.greedy)} ({bugs} beyond the numerics floor "
-                     f"{audit.info.get('margin', 0):g})")
+        out += _wrap(f"greedy divergences{' from spec-off' if local else ''}: {len(audit.greedy)} "
+                     f"({bugs} beyond the numerics floor {audit.info.get('margin', 0):g})")
+    if local:
+        out += _wrap(f"(beside) greedy tokens that are not the local reference's argmax: "
+                     f"{local['divergences']} ({local['beyond_floor']} beyond the floor; other kernels)")
     if audit.probes:
         out.append("")
         out.append(f"{'probe':<15} {'status':<12} detail")

@@ -32,7 +32,7 @@ from .probes import ProbeContext, ProbeResult, attribute_to_spec_off, run_probes
 from .scoring import NEAR_TIE_MARGIN, TokenScores, score_completion, stack
 from .tokenstats import Effect, per_position, token_effects
 from .twosample import paired_effects, two_sample_effects
-from .verdict import decide, greedy_divergences, impossible_tokens
+from .verdict import decide, greedy_divergences, greedy_pair_divergences, impossible_tokens
 
 __all__ = ["TokenAudit", "controls_of", "run_token_audit", "score_samples"]
 
@@ -181,6 +181,11 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
     beside = [] if (ref_scores is None or local_decides) else local
     bad, near, examples = impossible_tokens(tok)
     greedy = greedy_divergences(tok, margin)
+    greedy_local = None
+    if not sampled and ref_scores is not None and not local_decides:
+        # spec-off decides: the servers' greedy outputs against each other; the local argmax
+        # comparison (other kernels) is reported beside
+        greedy_local, greedy = greedy, greedy_pair_divergences(scores, ref_scores, margin)
     probe_results = []
     if probes:
         ctx = ProbeContext(endpoint, reference, [list(p) for p in prompts], m=min(m, 32), margin=margin,
@@ -200,12 +205,20 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
     if not sampled and v.verdict == "inconclusive" and tok:     # greedy: every token was checked
         matches = int(tok["top1"].sum()) if tok else 0
         v.verdict = "pass"
-        v.reasons = [f"greedy: {matches}/{len(tok.get('tokens', []))} tokens are the reference's argmax, "
-                     f"{sum(g['kind'] == 'numerics' for g in greedy)} divergences within the numerics floor"]
+        if greedy_local is None:
+            v.reasons = [f"greedy: {matches}/{len(tok.get('tokens', []))} tokens are the reference's argmax, "
+                         f"{sum(g['kind'] == 'numerics' for g in greedy)} divergences within the numerics floor"]
+        else:
+            v.reasons = [f"greedy: {len(scores) - len(greedy)}/{len(scores)} completions equal spec-off's, "
+                         f"{len(greedy)} diverge within the numerics floor"]
     hist = np.histogram(tok["pit"][tok["pmax"] < 1], bins=20, range=(0, 1))[0].tolist() if tok else []
     info = {"seconds": round(time.perf_counter() - start, 1), "id_source": endpoint.mode,
             "retries": endpoint.retried, "margin": margin,
             "truncated": sum(1 for ss in drawn.values() for s in ss if len(s.token_ids) < m)}
+    if greedy_local is not None:
+        info["greedy_vs_local_argmax"] = {
+            "divergences": len(greedy_local), "beyond_floor": sum(g["kind"] == "bug" for g in greedy_local),
+            "note": "beside, not deciding: the local reference runs other kernels than the server"}
     if endpoint.mode == "retokenised":
         info["warning"] = ("the server returned no token ids: its text was re-tokenised, which can differ "
                            "from the sampled ids, so this audit is weaker (a tokenisation mismatch looks "

@@ -91,6 +91,31 @@ def greedy_divergences(tokens: dict[str, np.ndarray], margin: float) -> list[dic
              "kind": "numerics" if tokens["margin"][i] <= margin else "bug"} for i in sel]
 
 
+def greedy_pair_divergences(on: Sequence, off: Sequence, margin: float) -> list[dict]:
+    """Greedy spec-on vs spec-off, completion by completion (`TokenScores` with the same
+    ``(prompt_index, index)``): the first position where the two servers' tokens differ,
+    classified by the reference's logit gap between the two tokens there (the prefix is
+    shared up to that position): "numerics" if it is <= `margin` (a near-tie either
+    server's kernels may break either way), else "bug". Completions equal up to the
+    shorter one's end do not diverge."""
+    by_key = {(s.prompt_index, s.index): s for s in off}
+    out = []
+    for a in on:
+        b = by_key.get((a.prompt_index, a.index))
+        if b is None:
+            continue
+        n = min(a.m, b.m)
+        diff = np.flatnonzero(a.tokens[:n] != b.tokens[:n])
+        if not len(diff):
+            continue
+        t = int(diff[0])
+        gap = abs(float(a.margin[t]) - float(b.margin[t]))
+        out.append({"prompt": a.prompt_index, "completion": a.index, "position": t + 1,
+                    "token": int(a.tokens[t]), "argmax": int(b.tokens[t]), "margin": gap,
+                    "against": "spec-off", "kind": "numerics" if gap <= margin else "bug"})
+    return out
+
+
 def impossible_tokens(tokens: dict[str, np.ndarray]) -> tuple[int, int, list[dict]]:
     """(impossible, near-tie) counts of sampled tokens outside the reference's support,
     and up to 5 impossible examples (prompt, completion, position, token)."""
@@ -131,10 +156,11 @@ def decide(decisive: Sequence[Effect], significance: float, tolerance: float, *,
     bugs = [g for g in greedy if g["kind"] == "bug"]
     if bugs:
         g = bugs[0]
+        other = ("spec-off gave" if g.get("against") == "spec-off" else "the reference's argmax is")
+        gap = "logit gap" if g.get("against") == "spec-off" else "top-2 margin"
         reasons.append(f"{len(bugs)} greedy divergence(s) beyond the numerics floor, e.g. prompt "
                        f"{g['prompt']} completion {g['completion']} position {g['position']}: token "
-                       f"{g['token']} where the reference's argmax is {g['argmax']}, top-2 margin "
-                       f"{g['margin']:.3g}")
+                       f"{g['token']} where {other} {g['argmax']}, {gap} {g['margin']:.3g}")
     for pr in probes:
         if getattr(pr, "status", "") == "FAIL":
             reasons.append(f"probe {pr.name}: {pr.detail}")
