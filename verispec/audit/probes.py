@@ -103,10 +103,11 @@ class _Probe:
         may flip a near-tie on batch-variant kernels)."""
         if a == b:
             return False
-        n = min(len(a), len(b))
-        t = next((i for i in range(n) if a[i] != b[i]), None)
-        if t is None or isinstance(a, str) or isinstance(b, str):
-            return True                  # one is a prefix of the other, or an error message
+        if isinstance(a, str) or isinstance(b, str):
+            return True                  # an error message instead of tokens
+        t = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
+        if t is None:
+            return True                  # one is a prefix of the other
         cfg = SamplingConfig(temperature=0.0)
         sa = score_completion(self.ctx.reference, prompt, a[:t + 1], cfg, margin=self.ctx.margin)
         sb = score_completion(self.ctx.reference, prompt, b[:t + 1], cfg, margin=self.ctx.margin)
