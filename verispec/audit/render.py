@@ -55,8 +55,10 @@ def text(audit: TokenAudit) -> str:
         out.append(f"{'statistic':<26} {'effect':>8} {'interval':>19} {'p':>7} {'detect':>8}")
         out.append("-" * 72)
         out += [f"{a:<26} {b:>8} {c:>19} {d:>7} {e:>8}" for a, b, c, d, e in rows]
-        out += _wrap("CI at 1 − significance/F (F deciding statistics); 'detect': smallest effect "
-                     "found with 80 % power (KS distance for the PIT)")
+        out += _wrap("interval: the top-1 excess (and its Δ) at 1 − 2·significance, the one its "
+                     "pass uses (two one-sided tests); the others at 1 − significance/F (F deciding "
+                     "statistics); 'detect': smallest effect found with 80 % power (KS distance for "
+                     "the PIT)")
     out.append("")
     out += _wrap(f"tokens outside the reference's support: {audit.impossible} impossible, "
                  f"{audit.near_ties} near-ties at the cut-off (numerics)")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from .probes import ProbeContext, ProbeResult, attribute_to_spec_off, run_probes
 from .scoring import NEAR_TIE_MARGIN, TokenScores, score_completion, stack
 from .tokenstats import Effect, per_position, token_effects
 from .twosample import paired_effects, two_sample_effects
-from .verdict import decide, greedy_divergences, greedy_pair_divergences, impossible_tokens
+from .verdict import decide, equivalence_interval, greedy_divergences, greedy_pair_divergences, impossible_tokens
 
 __all__ = ["TokenAudit", "controls_of", "run_token_audit", "score_samples"]
 
@@ -223,6 +223,9 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
         info["warning"] = ("the server returned no token ids: its text was re-tokenised, which can differ "
                            "from the sampled ids, so this audit is weaker (a tokenisation mismatch looks "
                            "like a bias)")
+    # the tolerance statistic is shown with the interval its pass decision uses (verdict module)
+    decisive, beside = ([replace(e, ci=equivalence_interval(e, significance), level=2 * significance)
+                         if e.role == "tolerance" else e for e in es] for es in (decisive, beside))
     return TokenAudit(endpoint.url, reference_endpoint.url if reference_endpoint else f"exact p of {reference.name}",
                       len(prompts), n, m, len(tok.get("tokens", [])) if tok else 0,
                       {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,

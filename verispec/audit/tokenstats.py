@@ -48,7 +48,8 @@ POWER = 0.8
 @dataclass
 class Effect:
     """One statistic (module doc). ``ci`` is at confidence 1 − level (two-sided);
-    ``se`` the standard error (0 for the PIT); ``detectable`` at 80 % power at `level`."""
+    ``se`` the standard error (0 for the PIT); ``detectable`` at 80 % power at `level`;
+    ``df`` the Student t degrees of freedom of ``(estimate − effect) / se`` (None: normal)."""
 
     name: str
     unit: str
@@ -60,6 +61,7 @@ class Effect:
     level: float
     detectable: float | None
     role: str = "significance"      # "tolerance": the verdict's equivalence statistic
+    df: float | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -144,12 +146,15 @@ def per_position(tokens: dict[str, np.ndarray], level: float, max_positions: int
     return out
 
 
-def tokens_needed(effect: Effect, tolerance: float) -> int | None:
-    """Tokens for `effect`'s interval to settle against ±tolerance at its level, if the
-    estimate stays where it is: inside (|e| < tol) the interval must shrink to
-    tol − |e|; outside, to |e| − tol. None when the estimate sits on the tolerance."""
+def tokens_needed(effect: Effect, tolerance: float, one_sided_level: float) -> int | None:
+    """Units (tokens, or completions for a per-completion statistic) for `effect` to settle
+    against ±tolerance by a one-sided normal test at `one_sided_level`, if the estimate
+    stays where it is: inside (|e| < tol) z·se must shrink to tol − |e| (the equivalence
+    test, pass); outside, to |e| − tol (FAIL). None when the estimate sits on the tolerance."""
+    from scipy.stats import norm
+
     gap = abs(tolerance - abs(effect.estimate))
     if gap <= 0 or not effect.n or not math.isfinite(effect.se):
         return None
     sigma = effect.se * math.sqrt(effect.n)
-    return int(math.ceil((_z(effect.level) * sigma / gap) ** 2))
+    return int(math.ceil((float(norm.isf(one_sided_level)) * sigma / gap) ** 2))

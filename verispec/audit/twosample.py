@@ -173,7 +173,7 @@ def paired_effects(on: Sequence[TokenScores], off: Sequence[TokenScores], level:
     power = q + float(student.isf(0.2, n - 1))
     top = Effect("Δ top-1 excess (spec-on − spec-off, paired)", "probability", float(mean[0]),
                  (float(mean[0] - q * se[0]), float(mean[0] + q * se[0])), float(p_each[0]), n, float(se[0]),
-                 level, power * float(se[0]) if se[0] > 0 else None, role="tolerance")
+                 level, power * float(se[0]) if se[0] > 0 else None, role="tolerance", df=n - 1)
     names = ", ".join(f"{k} {v:+.3g}" for k, v in zip(SUMMARIES, mean))
     omni = Effect(f"paired omnibus ({names})", "max |t|", float(t_obs.max()), (0.0, float(t_obs.max())),
                   float(min(1.0, p_each.min() * len(SUMMARIES))), n, 0.0, level, None)

@@ -20,15 +20,21 @@ top-1 excess, or its spec-on minus spec-off difference):
     boundary), for the others (PIT omnibus, log-likelihood excess, the permutation
     omnibus) H0 is "no effect". The PIT omnibus always takes part, so a fault that
     keeps the top-1 rate but moves mass among other tokens cannot pass.
-* **pass** when nothing fails and the tolerance statistic's interval at confidence
-  1 − a/F (Bonferroni) lies inside ±τ.
+* **pass** when nothing fails and the tolerance statistic is shown inside ±τ by two
+  one-sided tests at level a (Schuirmann 1987, J. Pharmacokinet. Biopharm. 15:657–680):
+  H0⁻: effect <= −τ and H0⁺: effect >= τ are both rejected, i.e. its equivalence
+  interval estimate ± q_{1−a}·se (confidence 1 − 2a; q the normal quantile, or
+  Student's t with the effect's ``df``) lies inside ±τ (`equivalence_interval`).
 * **inconclusive** otherwise, with the number of tokens that would settle it.
 
 Error rate of the verdict as a whole: for an exact server scored by its true law
 (or spec-on vs an exact spec-off arm), P(FAIL) <= a — Holm controls the family-wise
 error over all F statistical hypotheses, and the deterministic checks cannot fire
 for an exact server (a near-tie within the numerics floor is not a FAIL). For a
-server whose |effect| > τ, P(pass) <= a/F. The probes and references of one run are in
+server whose |effect| >= τ, P(pass) <= a: a pass needs the tolerance statistic's
+one-sided test on the side of its true effect to reject a true H0 (the other
+statistics and checks can only turn a pass into FAIL, never the reverse), so no
+Bonferroni factor is owed on that side. The probes and references of one run are in
 the same family: F counts every statistic that decides (the local comparison, when it
 is only reported beside the two-sample one, is not in F).
 """
@@ -43,7 +49,7 @@ import numpy as np
 
 from .tokenstats import Effect, tokens_needed
 
-__all__ = ["Verdict", "decide", "greedy_divergences", "holm", "impossible_tokens"]
+__all__ = ["Verdict", "decide", "equivalence_interval", "greedy_divergences", "holm", "impossible_tokens"]
 
 
 @dataclass
@@ -67,6 +73,27 @@ def holm(p_values: Sequence[float], level: float) -> list[bool]:
         else:
             break
     return out
+
+
+def equivalence_interval(e: Effect, significance: float) -> tuple[float, float]:
+    """The interval whose inclusion in ±τ is the two one-sided tests at `significance`
+    (module doc): estimate ∓ q_{1−significance}·se, q from Student's t with ``e.df``
+    degrees of freedom, or the normal when ``e.df`` is None. Confidence 1 − 2·significance.
+
+    Raises:
+        ValueError: naming `significance` when not in (0, 0.5).
+    """
+    if not 0 < significance < 0.5:
+        raise ValueError(f"significance must be in (0, 0.5), got {significance!r}")
+    if e.se <= 0 or not math.isfinite(e.se):
+        return (e.estimate, e.estimate) if e.se == 0 else (-math.inf, math.inf)
+    if e.df is None:
+        from scipy.stats import norm
+        q = float(norm.isf(significance))
+    else:
+        from scipy.stats import t as student
+        q = float(student.isf(significance, e.df))
+    return (e.estimate - q * e.se, e.estimate + q * e.se)
 
 
 def fail_p_value(e: Effect, tolerance: float) -> float:
@@ -145,8 +172,8 @@ def decide(decisive: Sequence[Effect], significance: float, tolerance: float, *,
         raise ValueError(f"tolerance must be in (0, 1), got {tolerance!r}")
     f = len(decisive)
     err = (f"P(FAIL | exact server) <= {significance:g} (Holm over {f} statistics; the deterministic "
-           f"checks cannot fire on an exact server); P(pass | |effect| > {tolerance:g}) <= "
-           f"{significance / max(f, 1):.2g}")
+           f"checks cannot fire on an exact server); P(pass | |effect| >= {tolerance:g}) <= "
+           f"{significance:g} (two one-sided tests)")
     reasons, rejected = [], []
     if impossible:
         where = ", ".join(f"prompt {e['prompt']} completion {e['completion']} position {e['position']} "
@@ -174,16 +201,18 @@ def decide(decisive: Sequence[Effect], significance: float, tolerance: float, *,
                                   else f", p = {e.p_value:.2g}") + " (Holm)")
     if reasons:
         return Verdict("FAIL", reasons, None, f, err, rejected)
-    tol = [e for e in decisive if e.role == "tolerance"]
-    if tol and all(-tolerance < e.ci[0] and e.ci[1] < tolerance for e in tol):
-        return Verdict("pass", [f"{e.name} {e.estimate:+.4f} [{e.ci[0]:+.4f}, {e.ci[1]:+.4f}] inside "
-                                f"±{tolerance:g}; no statistic rejects" for e in tol], None, f, err)
-    need = [tokens_needed(e, tolerance) for e in tol]
+    tol = [(e, equivalence_interval(e, significance)) for e in decisive if e.role == "tolerance"]
+    if tol and all(-tolerance < lo and hi < tolerance for _, (lo, hi) in tol):
+        return Verdict("pass", [f"{e.name} {e.estimate:+.4f}, equivalence interval [{lo:+.4f}, {hi:+.4f}] "
+                                f"inside ±{tolerance:g}; no statistic rejects" for e, (lo, hi) in tol],
+                       None, f, err)
+    need = [tokens_needed(e, tolerance, significance if abs(e.estimate) < tolerance else significance / f)
+            for e, _ in tol]
     need = [n for n in need if n is not None]
-    n_now = max((e.n for e in tol), default=0)
-    why = [f"{e.name} {e.estimate:+.4f} [{e.ci[0]:+.4f}, {e.ci[1]:+.4f}] straddles ±{tolerance:g}"
-           for e in tol] or ["no sampled tokens to test"]
-    unit = "completions" if any(e.name.startswith("Δ") for e in tol) else "tokens"
+    n_now = max((e.n for e, _ in tol), default=0)
+    why = [f"{e.name} {e.estimate:+.4f}, equivalence interval [{lo:+.4f}, {hi:+.4f}] straddles "
+           f"±{tolerance:g}" for e, (lo, hi) in tol] or ["no sampled tokens to test"]
+    unit = "completions" if any(e.name.startswith("Δ") for e, _ in tol) else "tokens"
     if need:
         why.append(f"about {max(need):,} {unit} would settle it (now {n_now:,})")
     return Verdict("inconclusive", why, max(need) if need else None, f, err)
