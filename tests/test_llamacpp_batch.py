@@ -155,3 +155,18 @@ def test_a_view_is_a_causal_lm_and_bad_use_is_refused(batch, solo, ids):
         batch.open()
     for v in views:
         v.close()
+
+
+def test_repacking_is_off_in_the_invariant_mode_and_on_request_otherwise(monkeypatch):
+    """`use_extra_buffers`: the batch-invariant mode never loads repacked/AMX weights;
+    outside it VERISPEC_LLAMACPP_REPACK=0 keeps them off (llama-server's --no-repack), and a
+    value other than 0/1 is an error naming the variable."""
+    from verispec.models.llamacpp import REPACK_ENV, use_extra_buffers
+
+    monkeypatch.delenv(REPACK_ENV, raising=False)
+    assert use_extra_buffers(False) and not use_extra_buffers(True)
+    monkeypatch.setenv(REPACK_ENV, "0")
+    assert not use_extra_buffers(False) and not use_extra_buffers(True)
+    monkeypatch.setenv(REPACK_ENV, "off")
+    with pytest.raises(ValueError, match=REPACK_ENV):
+        use_extra_buffers(False)

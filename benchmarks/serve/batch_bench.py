@@ -174,7 +174,8 @@ def main() -> None:
     clients = [int(c) for c in args.clients.split(",")]
     servers = args.servers.split(",")
     texts = [p.text for p in load_prompts(args.dataset, per_category=2)][:args.requests]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # repacking off for every server, as llama-server's --no-repack (the batch-invariant mode has it off anyway)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VERISPEC_LLAMACPP_REPACK": "0"}
     rows, commands = [], {}
     meta = collect_meta(command=" ".join(shlex.quote(a) for a in sys.argv), servers=commands,
                         llama_cpp_build=str(args.bin_dir), max_tokens=args.max_tokens,
@@ -186,7 +187,7 @@ def main() -> None:
             url = f"http://127.0.0.1:{port}"
             cmd = llama_cmd(args, n, port) if kind == "llama-server" else verispec_cmd(
                 args, n, port, invariant=kind == "verispec")
-            commands[kind] = shlex.join(cmd[:1] + [c for c in cmd[1:]])
+            commands[kind] = ("VERISPEC_LLAMACPP_REPACK=0 " if kind != "llama-server" else "") + shlex.join(cmd)
             with process(cmd, url, out / f"{kind}-{n}.log", env=env):
                 if prompts is None:          # verispec's chat template, once, for every server
                     if kind == "llama-server":

@@ -38,6 +38,25 @@ _TILED_FORCE_ENV = "GGML_CPU_TILED_MM_FORCE"
 INVARIANT_ROWS = 7
 _params_lock = threading.Lock()
 _warned_unsupported = False
+#: "0" keeps llama.cpp's extra buffer types (repacked / AMX weights) off outside the batch-invariant
+#: mode too, as llama-server's --no-repack does: on a VM whose CPU reports AMX that the hypervisor
+#: does not grant, the repacked AMX kernels die with SIGILL (the batch-invariant mode never uses them)
+REPACK_ENV = "VERISPEC_LLAMACPP_REPACK"
+
+
+def use_extra_buffers(batch_invariant: bool) -> bool:
+    """Whether llama.cpp may load weights into its extra buffer types (`use_extra_bufts`):
+    never in the batch-invariant mode (those kernels score a batch unlike a single token),
+    otherwise unless ``VERISPEC_LLAMACPP_REPACK=0``.
+
+    Raises:
+        ValueError: naming VERISPEC_LLAMACPP_REPACK when it is set to neither 0 nor 1.
+    """
+    value = os.environ.get(REPACK_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{REPACK_ENV} must be 0 (repacking off, like llama-server --no-repack) or 1, "
+                         f"got {value!r}")
+    return not batch_invariant and value == "1"
 
 
 def batch_invariance_blocker() -> str | None:
@@ -202,7 +221,7 @@ class LlamaCppModel(CausalLM):
             else:
                 batch_invariant = True
         threads = n_threads or os.cpu_count() or 1
-        params = {"use_extra_bufts": False} if batch_invariant else {}
+        params = {} if use_extra_buffers(batch_invariant) else {"use_extra_bufts": False}
         with _model_params(**params):
             llama = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
                           n_threads_batch=threads, logits_all=False, verbose=False, flash_attn=False)

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from .base import CausalLM, eos_token_ids
-from .llamacpp import INVARIANT_ROWS, batch_invariance_blocker
+from .llamacpp import INVARIANT_ROWS, batch_invariance_blocker, use_extra_buffers
 
 #: tokens per `llama_decode` for a prefill (as `LlamaCppModel`'s n_batch)
 N_BATCH = 512
@@ -142,7 +142,7 @@ class LlamaCppBatchModel:
         invariant = batch_invariant is not False and blocker is None
         lib.llama_backend_init()
         mparams = lib.llama_model_default_params()
-        if invariant:
+        if not use_extra_buffers(invariant):
             mparams.use_extra_bufts = False
         model = lib.llama_model_load_from_file(str(gguf_path).encode(), mparams)
         if not model:
