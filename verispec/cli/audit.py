@@ -103,7 +103,8 @@ def audit(
         None, "--tolerance", help="--endpoint: the tolerance on the top-1 excess (observed rate of the "
                                   "reference's most probable token minus its expected rate; with "
                                   "--reference-endpoint the spec-on minus spec-off difference): pass "
-                                  "when its interval lies inside ±tolerance [default: 0.02]"),
+                                  "when two one-sided tests at --significance put it inside ±tolerance "
+                                  "(its 1 − 2·significance interval lies inside) [default: 0.02]"),
     position_tolerance: float = typer.Option(
         0.05, "--position-tolerance", help="--endpoint --per-position: a pass needs every position "
                                            "to detect this TV (mass moved top->2nd) with 80% power"),
