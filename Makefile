@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 BACKEND ?= transformers
 PROMPT ?= Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.
 
-.PHONY: setup demo test test-slow bench-quick vllm-audit vllm-audit-per-position clean
+.PHONY: setup demo test test-slow bench-quick vllm-audit vllm-audit-suffix vllm-audit-per-position clean
 
 setup: $(VENV)/.installed
 
@@ -61,6 +61,16 @@ vllm-audit: setup
 	benchmarks/vllm/setup.sh
 	off=1; for c in $(VLLM_CONFIGS); do \
 		WITH_OFF=$$off flock /tmp/verispec-heavy.lock benchmarks/vllm/audit_tokens.sh $$c || exit 1; off=; done
+
+# vllm-audit-suffix: {"method": "suffix"} needs arctic-inference (an sdist with a C++ extension), which
+# setup.sh WITH_ARCTIC=1 builds into a copy of the venv (ARCTIC_VENV; ~1 min and ~3.5 GB more) so that
+# its vLLM plugin never reaches the other configurations' servers; both servers of the pair run from it.
+ARCTIC_VENV ?= $(HOME)/.cache/verispec/vllm-arctic-venv
+vllm-audit-suffix: setup
+	$(BIN)/verispec models fetch smollm2-135m
+	$(BIN)/python -c "from verispec.registry import resolve; resolve('smollm2-135m')"
+	WITH_ARCTIC=1 ARCTIC_VENV=$(ARCTIC_VENV) benchmarks/vllm/setup.sh
+	VLLM_VENV=$(ARCTIC_VENV) flock /tmp/verispec-heavy.lock benchmarks/vllm/audit_tokens.sh suffix
 
 vllm-audit-per-position: setup
 	benchmarks/vllm/setup.sh

@@ -16,7 +16,7 @@
 #  4. /metrics of the spec server (its speculative-decoding counters) and probe.py (top-k last).
 # Reports: benchmarks/audit/tokens-vllm-cpu-NAME.txt (header: command, machine, versions) and NAME/
 # (report.md, audit.json, PNGs); raw samples under benchmarks/vllm/runs/tokens-CONFIG/.
-# Environment: N (32), M (32), T (0.8), TOL (0.02), GREEDY_M (64), NO_PROBE=1 (skip probe.py), OFF_N (N of step 3; WITH_OFF=resume: add to step 3's samples), SAMPLED_ONLY=1 / GREEDY_ONLY=1 (skip step 2 / 1), SPEC_PATCH=1 (the spec server runs
+# Environment: VLLM_VENV (suffix: the arctic venv of `WITH_ARCTIC=1 setup.sh`, ~/.cache/verispec/vllm-arctic-venv; both servers run from it), N (32), M (32), T (0.8), TOL (0.02), GREEDY_M (64), NO_PROBE=1 (skip probe.py), OFF_N (N of step 3; WITH_OFF=resume: add to step 3's samples), SAMPLED_ONLY=1 / GREEDY_ONLY=1 (skip step 2 / 1), SPEC_PATCH=1 (the spec server runs
 # with the candidate expand fix, patch/sitecustomize.py; reports get a -patched suffix), WITH_OFF=1.
 set -euo pipefail
 spec_config=${1:?usage: audit_tokens.sh ngram|draft|suffix}
@@ -31,7 +31,12 @@ runs=$here/runs/tokens-$tag; audit_dir=$root/benchmarks/audit
 mkdir -p "$runs"
 export PYTHONPATH=$root OMP_NUM_THREADS=1
 vpy=${VLLM_VENV:-$HOME/.cache/verispec/vllm-venv}/bin/python
-vllm_version=$("$vpy" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"), "torch", m.version("torch"))' 2>/dev/null)
+vllm_version=$("$vpy" -c '
+import importlib.metadata as m
+v = ["vllm-cpu", m.version("vllm-cpu"), "torch", m.version("torch")]
+try: v += ["arctic-inference", m.version("arctic-inference")]   # suffix: in its own venv (setup.sh WITH_ARCTIC=1)
+except m.PackageNotFoundError: pass
+print(*v)' 2>/dev/null)
 server_note="vLLM-CPU ($vllm_version), benchmarks/vllm/serve.sh: python -m vllm.entrypoints.openai.api_server --model ~/.cache/verispec/hf/smollm2-135m (verispec's float32 conversion of SmolLM2-135M-Instruct) --dtype float32 --enforce-eager --max-model-len 2048 --seed 0 on 127.0.0.1, VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1, LD_PRELOAD tcmalloc + libiomp5"
 
 record() {   # record NAME NOTE -- audit options...: run one audit, write NAME.txt (header + report)

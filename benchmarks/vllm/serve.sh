@@ -3,7 +3,8 @@
 #
 #   benchmarks/vllm/serve.sh CONFIG [-- COMMAND ...]
 #
-# CONFIG: off | ngram | draft | suffix (suffix needs setup.sh with WITH_ARCTIC=1).
+# CONFIG: off | ngram | draft | suffix (suffix needs arctic-inference, which `WITH_ARCTIC=1 setup.sh`
+# builds into a copy of the venv: serve it with VLLM_VENV=~/.cache/verispec/vllm-arctic-venv).
 # With a COMMAND: start the server, wait until /v1/models answers (bounded), run COMMAND with
 # VLLM_URL=http://127.0.0.1:PORT/v1 and VLLM_MODEL=NAME in its environment, stop the server, exit
 # with COMMAND's status. Without one: serve in the foreground until Ctrl-C.
@@ -26,6 +27,9 @@ K=${SPEC_K:-3}
 READY_TIMEOUT=${READY_TIMEOUT:-300}
 py="$VLLM_VENV/bin/python"
 [[ -x "$py" ]] || { echo "serve.sh: no vLLM venv at $VLLM_VENV; run benchmarks/vllm/setup.sh first" >&2; exit 2; }
+if [[ "$config" == suffix ]] && ! "$py" -c 'import arctic_inference.suffix_decoding' 2> /dev/null; then
+  echo "serve.sh: suffix needs arctic-inference, not importable in $VLLM_VENV; run WITH_ARCTIC=1 benchmarks/vllm/setup.sh, then serve with VLLM_VENV=${ARCTIC_VENV:-$HOME/.cache/verispec/vllm-arctic-venv}" >&2; exit 2
+fi
 [[ -f "$MODEL_DIR/config.json" ]] || { echo "serve.sh: no model at $MODEL_DIR; run 'verispec models fetch smollm2-135m' (the transformers backend converts it)" >&2; exit 2; }
 
 case "$config" in
