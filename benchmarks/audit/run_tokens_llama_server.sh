@@ -25,7 +25,7 @@ if [ -n "$spec" ]; then
   "$bin/llama-server" $common --port 8322 $spec > /tmp/llama-server-spec.log 2>&1 & pids+=($!)
   endpoint=http://127.0.0.1:8322/v1; reference=(--reference-endpoint http://127.0.0.1:8321/v1)
 fi
-for port in 8321 8322; do
+for port in 8321 ${spec:+8322}; do
   for _ in $(seq 120); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done
 done
 audit=(audit --endpoint "$endpoint" "${reference[@]}" --target "$gguf" --backend llamacpp --threads 1 "$@")
