@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A token-level audit of llama-server's speculative decoding against its own spec-off run:
 # two llama-server processes on SmolLM2-135M (THREADS threads each, default 1: the arms are
-# drawn one after the other, so one server decodes at a time; repacking off: AMX SIGILLs on
+# drawn one after the other, so one server decodes at a time; SCORE_THREADS for the local
+# scorer, default 1; repacking off: AMX SIGILLs on
 # this VM), the reference without speculation, the audited one with SPEC (llama-server flags),
 # compared completion by completion (`--reference-endpoint`; add `--paired` for the same
 # seeds on both arms, the default is disjoint seeds); the local exact p
@@ -28,7 +29,8 @@ fi
 for port in 8321 ${spec:+8322}; do
   for _ in $(seq 120); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done
 done
-audit=(audit --endpoint "$endpoint" "${reference[@]}" --target "$gguf" --backend llamacpp --threads 1 "$@")
+# the local scorer's threads (SCORE_THREADS, default 1): it scores after the draws, while the servers idle
+audit=(audit --endpoint "$endpoint" "${reference[@]}" --target "$gguf" --backend llamacpp --threads "${SCORE_THREADS:-1}" "$@")
 t0=$(date +%s)
 PYTHONPATH=$root nice -n 10 "$py" -m verispec.cli "${audit[@]}" --report "$here/$name" > "$here/$name.body" 2> /tmp/verispec-audit-$name.err || true
 # what the audited server drafted, summed over its per-request timing lines
