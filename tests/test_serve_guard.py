@@ -129,6 +129,22 @@ def raw_socket(client) -> socket.socket:
     return socket.create_connection((str(client.base_url.host), client.base_url.port), timeout=30)
 
 
+def test_a_413_reaches_a_client_that_sent_its_whole_body_first(server):
+    """A client that writes its whole (too large) body before reading must get the 413, not a
+    connection reset: the server drains the unread rest (bounded) before closing, since a
+    socket closed with unread input sends an RST that can discard the answer in flight."""
+    _, client = server
+    big = json.dumps({"prompt": [1] * 80_000}).encode()          # 240,000 bytes > 200,000
+    for _ in range(3):
+        with raw_socket(client) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(big)}\r\n\r\n".encode() + big)
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 413") and b"request_too_large" in reply
+
+
 def test_a_body_that_never_arrives_times_out_with_a_408(server):
     _, client = server
     with raw_socket(client) as s:

@@ -201,6 +201,27 @@ class Guard:
             error = ApiError(500, f"internal error: {type(e).__name__}", type="server_error")
             await _send_json(send, 500, error.body(), {})
 
+    async def _drain(self, receive, declared: int, deadline: float) -> None:
+        """Read and discard the rest of a body that gets a 413, so that closing the connection
+        after the answer does not reset it (a socket closed with unread input sends an RST, and
+        the client may lose the 413 it was sent). Bounded: at most 4 × the limit, before the
+        read deadline, and not at all for a declared size beyond that (abusive; then the reset
+        may happen, which is all such a client can expect)."""
+        cap = 4 * self.limits.max_request_bytes
+        if declared > cap:
+            return
+        loop, seen = asyncio.get_running_loop(), 0
+        try:
+            while seen <= cap:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+                if message["type"] != "http.request":
+                    return
+                seen += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+        except asyncio.TimeoutError:
+            return
+
     async def _buffered(self, scope, receive):
         """Read the whole body within the limits; return a `receive` that replays it."""
         limit = self.limits.max_request_bytes
@@ -208,11 +229,12 @@ class Guard:
         declared = headers.get("content-length")
         too_large = ApiError(413, f"the request body exceeds the server's limit of {limit} bytes "
                                   "(--max-request-bytes)", code="request_too_large")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise too_large
-        chunks, size = [], 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.read_timeout
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._drain(receive, int(declared), deadline)
+            raise too_large
+        chunks, size = [], 0
         try:
             while True:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
@@ -221,6 +243,8 @@ class Guard:
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
+                    if message.get("more_body", False):
+                        await self._drain(receive, 0, deadline)
                     raise too_large
                 chunks.append(chunk)
                 if not message.get("more_body", False):
