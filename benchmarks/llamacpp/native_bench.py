@@ -54,35 +54,33 @@ SERVERS = {
 }
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 @contextmanager
-def llama_server(binary: Path, model: Path, extra: list[str], threads: int, n_ctx: int, log: Path):
-    """A llama-server on 127.0.0.1 (one slot, metrics on), stopped on exit; yields its URL."""
-    port = _free_port()
-    cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-           "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--metrics", "--no-repack", *extra]
+def served(cmd: list[str], url: str, log: Path, env: dict | None = None, ready_timeout: float = 300):
+    """Run the server `cmd` (output to `log`) until `url`/health answers 200, and stop it on
+    exit (terminate, then kill after 30 s). Raises SystemExit naming the log when it exits
+    early or is not ready within `ready_timeout` seconds. Also used by benchmarks/serve/batch_bench.py."""
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + ready_timeout
         while True:
             if proc.poll() is not None:
-                raise SystemExit(f"llama-server exited ({proc.returncode}); see {log}: {shlex.join(cmd)}")
+                raise SystemExit(f"{Path(cmd[0]).name} exited ({proc.returncode}); see {log}: {shlex.join(cmd)}")
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise SystemExit(f"llama-server did not become ready in 300 s; see {log}")
+                raise SystemExit(f"{Path(cmd[0]).name} was not ready in {ready_timeout:g} s; see {log}")
             time.sleep(0.5)
-        yield url, shlex.join(cmd)
+        yield
     finally:
         proc.terminate()
         try:
@@ -90,6 +88,17 @@ def llama_server(binary: Path, model: Path, extra: list[str], threads: int, n_ct
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def llama_server(binary: Path, model: Path, extra: list[str], threads: int, n_ctx: int, log: Path):
+    """A llama-server on 127.0.0.1 (one slot, metrics on), stopped on exit; yields its URL."""
+    port = free_port()
+    cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+           "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--metrics", "--no-repack", *extra]
+    url = f"http://127.0.0.1:{port}"
+    with served(cmd, url, log):
+        yield url, shlex.join(cmd)
 
 
 def main() -> None:

@@ -34,13 +34,10 @@ import json
 import math
 import os
 import shlex
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -52,41 +49,10 @@ from verispec import registry  # noqa: E402
 from verispec.bench import collect_meta  # noqa: E402
 from verispec.prompts import load_prompts  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks" / "llamacpp"))
+from native_bench import free_port, served  # noqa: E402  (server start, health wait and stop)
+
 BIN = Path.home() / ".cache/verispec/build/llama.cpp-0c1e570/bin"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def process(cmd: list[str], url: str, log: Path, env: dict | None = None, ready_timeout: float = 300):
-    """Run `cmd` until `url`/health answers 200; stop it on exit."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"{cmd[0]} exited ({proc.returncode}); see {log}: {shlex.join(cmd)}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{cmd[0]} was not ready in {ready_timeout:g} s; see {log}")
-            time.sleep(0.5)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def verispec_cmd(args, n: int, port: int, invariant: bool) -> list[str]:
@@ -183,12 +149,12 @@ def main() -> None:
     prompts: list[list[int]] | None = None
     for n in clients:
         for kind in servers:
-            port = _free_port()
+            port = free_port()
             url = f"http://127.0.0.1:{port}"
             cmd = llama_cmd(args, n, port) if kind == "llama-server" else verispec_cmd(
                 args, n, port, invariant=kind == "verispec")
             commands[kind] = ("VERISPEC_LLAMACPP_REPACK=0 " if kind != "llama-server" else "") + shlex.join(cmd)
-            with process(cmd, url, out / f"{kind}-{n}.log", env=env):
+            with served(cmd, url, out / f"{kind}-{n}.log", env=env):
                 if prompts is None:          # verispec's chat template, once, for every server
                     if kind == "llama-server":
                         raise SystemExit("list a verispec server first in --servers (it tokenizes the prompts)")
