@@ -180,3 +180,24 @@ def test_the_stream_probe_sees_multi_token_chunks_even_on_a_prompt_slow_to_accep
             (result,) = probes.run_probes(ctx, ("stream",))
         assert result.status == status, result
     assert "chunks carried several token ids" in result.detail
+
+
+def test_the_spec_off_rerun_of_a_failed_probe_asks_the_very_same_prompts(monkeypatch):
+    """A probe FAIL is attributed to speculation only if the spec-off server, asked the same
+    prompts, passes. The probes' fresh prompts were salted by the clock, so the spec-off rerun
+    asked other prompts and a near-tie of one prompt was blamed on speculation (a llama-server
+    n-gram audit FAILed that way). Both runs now share the context's nonce."""
+    asked: dict[str, list] = {}
+    complete = Endpoint.complete
+
+    def recording(self, prompt, m, temperature, *a, **kw):
+        if temperature == 0.0:
+            asked.setdefault(self.v1, []).append(tuple(prompt))
+        return complete(self, prompt, m, temperature, *a, **kw)
+    monkeypatch.setattr(Endpoint, "complete", recording)
+    with BackgroundServer(zoo_app("slot-order")) as on, BackgroundServer(zoo_app("exact", k=0)) as off:
+        report = run_token_audit(Endpoint(on + "/v1", "zoo"), zoo_reference(), PROMPTS, 4, 16,
+                                 SamplingConfig(temperature=T), reference_endpoint=Endpoint(off + "/v1", "zoo"),
+                                 probes=("concurrency",), significance=SIGNIFICANCE, tolerance=TOLERANCE)
+    assert next(p for p in report.probes if p.name == "concurrency").status == "FAIL"
+    assert set(asked[on + "/v1"]) == set(asked[off + "/v1"]) and len(set(asked[off + "/v1"])) == 4

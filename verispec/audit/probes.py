@@ -66,7 +66,11 @@ class ProbeResult:
 class ProbeContext:
     """What the probes need: the audited endpoint, the local reference, the audit's
     prompts (ids), tokens per request, the near-tie margin, and optionally a
-    detokeniser (ids -> text) and the context length (else read from /v1/models)."""
+    detokeniser (ids -> text) and the context length (else read from /v1/models).
+
+    `nonce` salts the probes' fresh prompts (so that no server has them cached); None takes
+    one from the clock. A rerun on the spec-off server passes the audited run's nonce, so
+    that both servers answer the very same prompts (`attribute_to_spec_off`)."""
 
     endpoint: Endpoint
     reference: CausalLM
@@ -76,6 +80,11 @@ class ProbeContext:
     detokenize: Callable[[Sequence[int]], str] | None = None
     context_length: int | None = None
     seed: int = 0
+    nonce: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.nonce is None:
+            self.nonce = time.time_ns() % (1 << 32)
 
 
 class _Probe:
@@ -128,7 +137,7 @@ class _Probe:
 
 def _fresh(ctx: ProbeContext, base: Sequence[int], salt: int) -> list[int]:
     """`base` plus a suffix of its own tokens in an order unlikely to be cached."""
-    rng = np.random.default_rng([ctx.seed, salt, time.time_ns() % (1 << 32)])
+    rng = np.random.default_rng([ctx.seed, salt, ctx.nonce])
     return list(base) + [int(t) for t in rng.choice(np.asarray(base), size=min(6, len(base)))]
 
 
@@ -316,11 +325,14 @@ def attribute_to_spec_off(audited: list[ProbeResult], ctx_off: ProbeContext) -> 
     one that fails there as well (llama-server's batch-variant kernels under concurrency,
     its own penalty semantics) is a property of the server, not of its speculation. It is
     reported as "spec-off too" with both details and does not decide; a probe that fails
-    only with speculation on stays FAIL.
+    only with speculation on stays FAIL. The spec-off run asks the very same prompts
+    (`ctx_off` carries the audited run's nonce): a probe FAIL on one fresh prompt, at a
+    near-tie of the server's kernels, must not be blamed on speculation because the spec-off
+    server was asked another prompt.
 
     Args:
         audited: the audited server's probe results (`run_probes`).
-        ctx_off: the same probe context with the spec-off endpoint.
+        ctx_off: the same probe context with the spec-off endpoint (and the same nonce).
 
     Returns:
         The results, FAILs shared with the spec-off server re-labelled.

@@ -192,8 +192,7 @@ def run_token_audit(endpoint: Endpoint, reference: CausalLM, prompts: Sequence[S
                            detokenize=detokenize, context_length=context_length, seed=seed)
         probe_results = run_probes(ctx, probes)
         if reference_endpoint is not None:    # does *speculation* change it? (probes module)
-            ctx_off = ProbeContext(reference_endpoint, reference, ctx.prompts, m=ctx.m, margin=margin,
-                                   detokenize=detokenize, context_length=context_length, seed=seed)
+            ctx_off = replace(ctx, endpoint=reference_endpoint)   # the same prompts (its nonce)
             probe_results = attribute_to_spec_off(probe_results, ctx_off)
     if replay is not None:
         from .replay import replay_check
