@@ -133,7 +133,9 @@ def audit(
                                 "must equal the replay unless it is a near-tie"),
     numerics_margin: float = typer.Option(0.5, "--numerics-margin", min=0.0, help="--endpoint: logits/T "
                                           "within this of the argmax or of a top-k/top-p cut-off are "
-                                          "near-ties (numerics, counted, not a FAIL)"),
+                                          "near-ties (numerics, counted, not a FAIL); 0.5 fits verispec's own llama.cpp "
+                                          "backend; a server with other kernels moves logits further (llama-server: "
+                                          "1.1, measured by benchmarks/audit/llama_server_logit_floor.py)"),
     concurrency: int = typer.Option(4, "--concurrency", help="--endpoint: requests in flight"),
     seed_check: bool = typer.Option(True, "--seed-check/--no-seed-check",
                                     help="--endpoint: check that seeds reproduce and vary samples"),
