@@ -201,3 +201,16 @@ def test_the_spec_off_rerun_of_a_failed_probe_asks_the_very_same_prompts(monkeyp
                                  probes=("concurrency",), significance=SIGNIFICANCE, tolerance=TOLERANCE)
     assert next(p for p in report.probes if p.name == "concurrency").status == "FAIL"
     assert set(asked[on + "/v1"]) == set(asked[off + "/v1"]) and len(set(asked[off + "/v1"])) == 4
+
+
+@pytest.mark.parametrize("nonce", [153, 255])
+def test_the_controls_probe_catches_skipped_penalties_on_prompts_slow_to_repeat(nonce):
+    """With 2 x 32 controlled tokens the probe missed the penalties-skipped server on these
+    two nonces (2 of 300; a CI run of the zoo would have gone red that way once in ~150); it
+    now asks for at least CONTROLS_TOKENS tokens."""
+    from verispec.audit import probes
+
+    with BackgroundServer(zoo_app("penalties-skipped")) as url:
+        ctx = probes.ProbeContext(Endpoint(url + "/v1", "zoo"), zoo_reference(), PROMPTS, m=16, nonce=nonce)
+        (result,) = probes.run_probes(ctx, ("controls",))
+    assert result.status == "FAIL", result

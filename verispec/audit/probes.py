@@ -17,7 +17,7 @@ agree token for token.
 | ``concurrency`` | 4 prompts solo, then staggered together | a concurrent output differs from its solo one beyond a near-tie |
 | ``context-limit`` | prompt + m = the context length | not the argmax path (skipped: limit unknown) |
 | ``stream`` | the same request (≥ 64 tokens) streamed and not | ids or text differ, or text ≠ detokenised ids |
-| ``controls`` | penalties and a logit bias on (penalties alone if the bias is refused with a 400) | not the argmax path of the controlled p |
+| ``controls`` | penalties and a logit bias on, ≥ 64 tokens (penalties alone if the bias is refused with a 400) | not the argmax path of the controlled p |
 | ``logprobs`` | T = 1, logprobs on | a returned logprob is off the reference's by > tol |
 """
 
@@ -48,6 +48,11 @@ CONTROLS = (("presence_penalty", 2.0), ("frequency_penalty", 1.0), ("repetition_
 #: carry several tokens (an accepted draft); on the zoo at k = 3, 16 greedy tokens of a random
 #: prompt commit one token per round throughout in 2 % of prompts, 64 tokens far more rarely
 STREAM_TOKENS = 64
+
+#: the controls probe's least tokens per request: a penalty skipped at draft positions moves an
+#: argmax only once a token repeats; on the zoo, 2 prompts x 32 tokens missed it in 2 of 300
+#: nonces, x 64 tokens in none
+CONTROLS_TOKENS = 64
 
 
 @dataclass
@@ -141,6 +146,11 @@ def _fresh(ctx: ProbeContext, base: Sequence[int], salt: int) -> list[int]:
     return list(base) + [int(t) for t in rng.choice(np.asarray(base), size=min(6, len(base)))]
 
 
+def _tokens(ctx: ProbeContext, prompt: Sequence[int], m: int) -> int:
+    """m, or fewer where the context length is known and prompt + m would not fit."""
+    return max(1, min(m, ctx.context_length - len(prompt))) if ctx.context_length else m
+
+
 def _cold_warm(ctx: ProbeContext) -> ProbeResult:
     pr = _Probe(ctx, "cold-warm")
     prompt = _fresh(ctx, ctx.prompts[0], 1)
@@ -213,9 +223,7 @@ def _context_limit(ctx: ProbeContext) -> ProbeResult:
 def _stream(ctx: ProbeContext) -> ProbeResult:
     pr = _Probe(ctx, "stream")
     prompt = _fresh(ctx, ctx.prompts[0], 3)
-    m = max(ctx.m, STREAM_TOKENS)
-    if ctx.context_length:
-        m = max(1, min(m, ctx.context_length - len(prompt)))
+    m = _tokens(ctx, prompt, max(ctx.m, STREAM_TOKENS))
     plain = pr.ask(prompt, m)
     ep = ctx.endpoint
     body = ep._body(prompt, m, 0.0, 0, 1.0, None)
@@ -260,7 +268,8 @@ def _controls(ctx: ProbeContext) -> ProbeResult:
         controls = CONTROLS if refusal else CONTROLS + (("logit_bias", ((int(prompt[-1]), 2.0),)),)
         while True:
             try:
-                ids = pr.ask(prompt, m=2 * ctx.m, controls=controls).token_ids
+                ids = pr.ask(prompt, m=_tokens(ctx, prompt, max(2 * ctx.m, CONTROLS_TOKENS)),
+                             controls=controls).token_ids
                 break
             except EndpointError as e:
                 if not _refused(e):
