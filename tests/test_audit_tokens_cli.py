@@ -100,3 +100,30 @@ def test_a_text_only_server_is_re_tokenised_and_the_report_says_the_audit_is_wea
                                  SamplingConfig(temperature=0.7), tolerance=0.3)
     assert report.info["id_source"] == "retokenised" and "weaker" in report.info["warning"]
     assert "weaker" in text(report)
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--reference-kernels", "vllm"], "--reference-kernels must be one of verispec, llama-server"),
+    (["--reference-kernels", "llama-server", "--backend", "transformers"], "needs --backend llamacpp"),
+])
+def test_reference_kernels_are_checked_before_anything_loads(extra, says):
+    result, out = run("--endpoint", "http://127.0.0.1:9/v1", "--target", "smollm2-135m", *extra)
+    assert result.exit_code != 0 and says in out, out
+
+
+def test_llama_server_kernels_load_a_flash_attention_stepwise_reference(monkeypatch):
+    """--reference-kernels llama-server: the reference is loaded with flash attention and the
+    batch-invariant mode off, and scores one token per forward (`stepwise`)."""
+    import verispec.api
+    from verispec.cli.audit_endpoint import load_reference
+
+    seen = {}
+
+    def fake(spec, **kw):
+        seen.update(kw)
+        return zoo_reference()
+    monkeypatch.setattr(verispec.api, "load_model", fake)
+    model = load_reference("smollm2-135m", "llamacpp", 2, "as the reference", "llama-server")
+    assert seen == {"backend": "llamacpp", "n_threads": 2, "batch_invariant": False, "flash_attn": True}
+    assert model.stepwise is True
+    assert getattr(load_reference("smollm2-135m", "llamacpp", 2, "as the reference"), "stepwise", False) is False

@@ -113,3 +113,46 @@ def test_batch_invariant_is_a_llamacpp_option():
 
     with pytest.raises(ValueError, match="llama.cpp option"):
         load_model("smollm2-135m", backend="transformers", batch_invariant=True)
+
+
+def test_flash_attention_reaches_llama_cpp_and_refuses_the_batch_invariant_mode(smol, monkeypatch):
+    """`flash_attn=True` (llama-server's default kernels, for an audit's reference) turns the
+    batch-invariant mode off, is refused with it, and really changes the attention kernel."""
+    from verispec.api import load_model
+    from verispec.models import llamacpp
+
+    monkeypatch.setenv("VERISPEC_LLAMACPP_REPACK", "0")   # no repacked (AMX) weights: SIGILL here
+
+    with pytest.raises(ValueError, match="batch_invariant=False"):
+        llamacpp.LlamaCppModel.load("no-such-file.gguf", batch_invariant=True, flash_attn=True)
+    fa = load_model("smollm2-135m", backend="llamacpp", flash_attn=True)
+    assert fa.batch_invariant is False
+    ids = _context(smol, 40)
+    smol.reset()
+    fa.reset()
+    plain, flash = smol.sync(ids, keep=8), fa.sync(ids, keep=8)
+    assert torch.isfinite(flash).all() and not torch.equal(plain, flash)
+
+
+def test_stepwise_scoring_returns_each_row_from_a_forward_of_its_own(smol, monkeypatch):
+    """`stepwise` (an audit reference computing as llama-server decodes): the rows a forward
+    returns equal single-token steps bit for bit, on kernels where one batch does not
+    (flash attention); the rows before the first returned one still go in one batch."""
+    from verispec.api import load_model
+
+    monkeypatch.setenv("VERISPEC_LLAMACPP_REPACK", "0")   # no repacked (AMX) weights: SIGILL here
+    fa = load_model("smollm2-135m", backend="llamacpp", flash_attn=True)
+    ids = _context(smol, 80)
+    steps = []
+    fa.reset()
+    for i in range(50, 81):
+        steps.append(fa.sync(ids[:i], keep=1)[-1])
+    steps = torch.stack(steps)
+    fa.reset()
+    batch = fa.sync(ids[:80], keep=31)
+    fa.reset()
+    fa.stepwise = True
+    forwards = fa.forwards
+    stepwise = fa.sync(ids[:80], keep=31)
+    assert fa.forwards == forwards + 1 and torch.equal(stepwise, steps)
+    assert not torch.equal(batch, steps)     # the test has teeth: one 80-row batch differs here

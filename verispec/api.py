@@ -42,7 +42,8 @@ class TokenizerMismatchError(ValueError):
 
 def load_model(spec: str | CausalLM, *, backend: str | None = None, device: str | None = None,
                num_hidden_layers: int | None = None, fetch_missing: bool = True,
-               batch_invariant: bool | None = None, n_threads: int | None = None) -> CausalLM:
+               batch_invariant: bool | None = None, n_threads: int | None = None,
+               flash_attn: bool | None = None) -> CausalLM:
     """Load a model from a registered name, a local directory, a .gguf file or a hub id.
 
     Args:
@@ -62,6 +63,9 @@ def load_model(spec: str | CausalLM, *, backend: str | None = None, device: str 
         n_threads: llama.cpp only: CPU threads (None: all cores). On a shared machine
             fewer threads than cores avoids llama.cpp's spinning threads waiting on
             descheduled ones.
+        flash_attn: llama.cpp only: its flash attention (llama-server's default; not
+            batch-invariant, so the batch-invariant mode is off), for an audit reference
+            that must compute as llama-server does (`LlamaCppModel.load`).
 
     Raises:
         UnknownModelError, FileNotFoundError, ChecksumError: from `verispec.registry`.
@@ -74,7 +78,8 @@ def load_model(spec: str | CausalLM, *, backend: str | None = None, device: str 
         return spec
     options = {name: value for name, value in (
         ("device", device), ("num_hidden_layers", num_hidden_layers),
-        ("batch_invariant", batch_invariant), ("n_threads", n_threads)) if value is not None}
+        ("batch_invariant", batch_invariant), ("n_threads", n_threads), ("flash_attn", flash_attn))
+        if value is not None}
     if backend is None:
         given = {n for n, v in options.items() if v is not False}
         fits = [name for name in BACKENDS if given <= set(BACKENDS[name].options)]

@@ -142,6 +142,11 @@ def audit(
     threads: Optional[int] = typer.Option(None, "--threads", min=1,
                                           help="--endpoint --target on llama.cpp: CPU threads of the "
                                                "local target (default: all cores)"),
+    reference_kernels: str = typer.Option("verispec", "--reference-kernels",
+                                          help="--endpoint --target on llama.cpp: how the local reference "
+                                               "computes: 'verispec' (batch-invariant, flash attention "
+                                               "off) or 'llama-server' (flash attention on, one token per "
+                                               "forward: llama-server's own logits, bit for bit)"),
 ) -> None:
     """Prove and test losslessness: exact enumeration, a statistical audit of real runs, or
     (--endpoint) an audit of a running server against the exact p or a reference server."""
@@ -165,7 +170,7 @@ def audit(
                                tolerance=position_tolerance, out=out,
                                reference_endpoint=reference_endpoint, target=target, backend=backend,
                                concurrency=concurrency, seed_check=seed_check, as_json=as_json,
-                               threads=threads)
+                               threads=threads, kernels=reference_kernels)
             return
         from .audit_endpoint import run_token_audit_cli
 
@@ -184,7 +189,7 @@ def audit(
                             concurrency=concurrency, probes=probes, report_dir=report_dir,
                             local_decides=local_decides, context_length=context_length,
                             margin=numerics_margin, as_json=as_json, seed_check=seed_check,
-                            replay=replay, threads=threads, paired=paired)
+                            replay=replay, threads=threads, paired=paired, kernels=reference_kernels)
         return
     endpoint_only = {"--api-key": api_key, "--model": model, "--prompt-ids": prompt_ids, "--out": out,
                      "--reference-endpoint": reference_endpoint, "--tolerance": tolerance,

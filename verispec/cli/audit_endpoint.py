@@ -22,18 +22,37 @@ from .common import err, fail
 _REFERENCE_SEEDS = 1_000_000_000     # the reference server's seeds: disjoint from the endpoint's
 
 
-def load_reference(target: str, backend: str | None, threads: int | None, role: str):
+#: --reference-kernels: how the local reference computes its logits
+REFERENCE_KERNELS = ("verispec", "llama-server")
+
+
+def load_reference(target: str, backend: str | None, threads: int | None, role: str,
+                   kernels: str = "verispec"):
     """Load `--target` (the local reference model) on `backend` (default: this machine's);
-    any registry, file or backend error exits with a message naming --target."""
+    any registry, file or backend error exits with a message naming --target.
+
+    kernels "llama-server": llama.cpp with flash attention on (llama-server's CPU default)
+    and one token per forward after the prompt (`LlamaCppModel.stepwise`), which computes
+    llama-server's spec-off logits bit for bit (benchmarks/audit/llama_server_match.py:
+    628/628 positions); verispec's default reference moves a top-2 gap by up to 1.03 from
+    them. Anything else exits naming --reference-kernels."""
     from ..api import load_model   # deferred: torch and the backends load only when asked for
     from .common import default_backend
 
+    if kernels not in REFERENCE_KERNELS:
+        fail(f"--reference-kernels must be one of {', '.join(REFERENCE_KERNELS)}; got {kernels!r}")
     backend = backend or default_backend()
+    if kernels == "llama-server" and backend != "llamacpp":
+        fail(f"--reference-kernels llama-server needs --backend llamacpp (got {backend})")
+    options = {"batch_invariant": False, "flash_attn": True} if kernels == "llama-server" else {}
     try:
         with err.status(f"loading {target} ({backend}) {role}"):
-            return load_model(target, backend=backend, n_threads=threads)
+            model = load_model(target, backend=backend, n_threads=threads, **options)
     except Exception as e:  # noqa: BLE001 (registry, file and backend errors alike)
         fail(f"--target {target}: {e}")
+    if kernels == "llama-server":
+        model.stepwise = True
+    return model
 
 def parse_prompt_ids(text: str) -> list[int]:
     """'1,2,3' or '1 2 3' or '[1, 2, 3]' -> ids, or a clear error naming --prompt-ids."""
@@ -52,7 +71,7 @@ def run_endpoint_audit(*, endpoint: str, api_key: Optional[str], model: Optional
                        top_k: int, top_p: float, significance: float, tolerance: float,
                        out: Optional[str], reference_endpoint: Optional[str], target: Optional[str],
                        backend: Optional[str], concurrency: int, seed_check: bool, as_json: bool,
-                       threads: Optional[int] = None) -> None:
+                       threads: Optional[int] = None, kernels: str = "verispec") -> None:
     """The `--endpoint` mode of `verispec audit` (its options, already parsed)."""
     from .. import __version__
     from ..audit.endpoint import Endpoint, EndpointError, EndpointSettings, draw_samples
@@ -77,7 +96,7 @@ def run_endpoint_audit(*, endpoint: str, api_key: Optional[str], model: Optional
     start = time.perf_counter()
     target_model = None
     if target is not None:
-        target_model = load_reference(target, backend, threads, "for the exact reference")
+        target_model = load_reference(target, backend, threads, "for the exact reference", kernels)
     ids_note = None
     if prompt_ids is not None:
         the_prompt: str | tuple[int, ...] = tuple(parse_prompt_ids(prompt_ids))
@@ -192,7 +211,7 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
                         backend: Optional[str], concurrency: int, probes: str, report_dir: Optional[str],
                         local_decides: bool, context_length: Optional[int], margin: float, as_json: bool,
                         seed_check: bool = True, replay: bool = False, threads: Optional[int] = None,
-                        paired: bool = False) -> None:
+                        paired: bool = False, kernels: str = "verispec") -> None:
     """The token-level `--endpoint` audit (every token counts; `verispec.audit.tokens`)."""
     from .. import __version__
     from ..audit.endpoint import Endpoint, EndpointError
@@ -211,7 +230,7 @@ def run_token_audit_cli(*, endpoint: str, api_key: Optional[str], model: Optiona
     names = _parse_probes(probes)
     if paired and reference_endpoint is None:
         fail("--paired compares two servers: give the spec-off one as --reference-endpoint URL")
-    reference = load_reference(target, backend, threads, "as the reference")
+    reference = load_reference(target, backend, threads, "as the reference", kernels)
     tok = reference.tokenizer
     if prompt_ids is not None:
         prompts = [parse_prompt_ids(prompt_ids)]

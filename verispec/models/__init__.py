@@ -30,7 +30,7 @@ class BackendKind:
             it is installed).
         label: how people call it ("llama.cpp"), in messages.
         options: the loading options its class's `open` takes (`verispec.api.load_model`'s
-            device, num_hidden_layers, batch_invariant, n_threads).
+            device, num_hidden_layers, batch_invariant, n_threads, flash_attn).
         extra: the pip extra that installs it ("" when verispec's own requirements do).
         preferred_on: devices ("cpu", "cuda") where it is the default when installed.
     """
@@ -49,7 +49,7 @@ BACKENDS: dict[str, BackendKind] = {
                                 "transformers", "transformers", ("device", "num_hidden_layers"),
                                 preferred_on=("cuda",)),
     "llamacpp": BackendKind("verispec.models.llamacpp:LlamaCppModel", "llama.cpp on a GGUF file (CPU)",
-                            "llama_cpp", "llama.cpp", ("batch_invariant", "n_threads"), extra="llamacpp",
+                            "llama_cpp", "llama.cpp", ("batch_invariant", "n_threads", "flash_attn"), extra="llamacpp",
                             preferred_on=("cpu",)),
 }
 

@@ -125,9 +125,17 @@ class LlamaCppModel(CausalLM):
             batch-invariant: callers use it only for tokens that plain decoding
             prefills the same way (the prompt), never for catching up on
             tokens that plain decoding scores one at a time.
+
+    Attribute `stepwise` (default False): a forward that returns several rows computes
+    the tokens up to its first returned row in one batch and each later row in a forward
+    of its own, as a server prefills a prompt and then decodes. With llama-server's
+    kernels (`load(flash_attn=True)`) an audit's reference then computes the very logits
+    llama-server decodes with (benchmarks/audit/llama_server_match.py: 628/628
+    positions equal); slower than one batch (a decode step per row).
     """
 
     backend = "llamacpp"
+    stepwise = False
 
     def __init__(self, llama, tokenizer=None, name: str = "gguf", batch_invariant: bool = False) -> None:
         super().__init__()
@@ -152,7 +160,7 @@ class LlamaCppModel(CausalLM):
 
     @classmethod
     def open(cls, spec: str, *, fetch_missing: bool = True, batch_invariant: bool | None = None,
-             n_threads: int | None = None) -> "LlamaCppModel":
+             n_threads: int | None = None, flash_attn: bool = False) -> "LlamaCppModel":
         """`load` the GGUF file `spec` resolves to (`verispec.registry.resolve` with
         weights=False: llama.cpp reads the GGUF itself, so no float32 conversion; the
         tokenizer is the one beside it, or built from the GGUF's metadata).
@@ -167,12 +175,12 @@ class LlamaCppModel(CausalLM):
                              "(use a registered name or a .gguf path)")
         tokenizer_path = resolved.hf_path if resolved.kind != "gguf_file" or resolved.hf_path else None
         return cls.load(str(resolved.gguf_path), tokenizer_path=tokenizer_path, name=resolved.name,
-                        batch_invariant=batch_invariant, n_threads=n_threads)
+                        batch_invariant=batch_invariant, n_threads=n_threads, flash_attn=flash_attn)
 
     @classmethod
     def load(cls, gguf_path: str, *, tokenizer_path: str | None = None, name: str | None = None,
              n_ctx: int = 8192, n_threads: int | None = None,
-             batch_invariant: bool | None = None) -> "LlamaCppModel":
+             batch_invariant: bool | None = None, flash_attn: bool = False) -> "LlamaCppModel":
         """Open a GGUF file.
 
         Args:
@@ -193,10 +201,15 @@ class LlamaCppModel(CausalLM):
                 warning; True: required; False: llama.cpp's default kernels.
                 Plain decoding and prefill speed are unchanged on this project's
                 CPU (benchmarks/llamacpp-batch-invariant/).
+            flash_attn: llama.cpp's flash attention, as llama-server runs it by default
+                (its `-fa auto` is on for the CPU): a reference that scores one token per
+                forward with it reproduces llama-server's spec-off logits bit for bit
+                (benchmarks/audit/llama_server_match.py). Not batch-invariant, so it
+                needs batch_invariant False or None (then off).
 
         Raises:
             ImportError: with the install command when llama-cpp-python is missing.
-            ValueError: if the file cannot be loaded.
+            ValueError: if the file cannot be loaded, or flash_attn with batch_invariant=True.
             RuntimeError: if batch_invariant=True and this llama.cpp cannot do it
                 (the message names the cause and the rebuild command), or if a
                 probe forward after loading is not batch-invariant.
@@ -207,6 +220,11 @@ class LlamaCppModel(CausalLM):
             raise ImportError("the llamacpp backend needs llama-cpp-python: "
                               "pip install 'verispec[llamacpp]'") from e
         global _warned_unsupported
+        if flash_attn:
+            if batch_invariant:
+                raise ValueError("flash_attn=True scores a batch unlike single tokens; it cannot be "
+                                 "combined with batch_invariant=True (pass batch_invariant=False)")
+            batch_invariant = False
         if batch_invariant is not False:
             blocker = batch_invariance_blocker()
             if blocker is not None:
@@ -224,7 +242,7 @@ class LlamaCppModel(CausalLM):
         params = {} if use_extra_buffers(batch_invariant) else {"use_extra_bufts": False}
         with _model_params(**params):
             llama = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                          n_threads_batch=threads, logits_all=False, verbose=False, flash_attn=False)
+                          n_threads_batch=threads, logits_all=False, verbose=False, flash_attn=flash_attn)
         tokenizer = None
         if tokenizer_path is not None:
             from transformers import AutoTokenizer
@@ -291,8 +309,12 @@ class LlamaCppModel(CausalLM):
         step = self.n_batch
         if self.batch_invariant and keep > 1:   # a verification forward: stay below the tiled matmul
             step = min(step, INVARIANT_ROWS)
-        for start in range(0, len(tokens), step):
-            chunk = tokens[start:start + step]
+        starts = list(range(0, len(tokens), step))
+        if self.stepwise and keep > 1:          # prefill through the first kept row, then 1 row each
+            first = len(tokens) - keep + 1
+            starts = list(range(0, first, step)) + list(range(first, len(tokens)))
+        for start, end in zip(starts, starts[1:] + [len(tokens)]):
+            chunk = tokens[start:end]
             first_kept = len(tokens) - keep - start   # index in chunk of the first row to keep
             b = self._batch.batch
             b.n_tokens = len(chunk)
