@@ -135,7 +135,8 @@ def audit(
                                           "within this of the argmax or of a top-k/top-p cut-off are "
                                           "near-ties (numerics, counted, not a FAIL); 0.5 fits verispec's own llama.cpp "
                                           "backend; a server with other kernels moves logits further (llama-server: "
-                                          "1.1, measured by benchmarks/audit/llama_server_logit_floor.py)"),
+                                          "1.1 against verispec's reference, 0.7 against --reference-kernels "
+                                          "llama-server; benchmarks/audit/llama_server_logit_floor.py)"),
     concurrency: int = typer.Option(4, "--concurrency", help="--endpoint: requests in flight"),
     seed_check: bool = typer.Option(True, "--seed-check/--no-seed-check",
                                     help="--endpoint: check that seeds reproduce and vary samples"),

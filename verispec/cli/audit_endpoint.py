@@ -54,6 +54,7 @@ def load_reference(target: str, backend: str | None, threads: int | None, role: 
         model.stepwise = True
     return model
 
+
 def parse_prompt_ids(text: str) -> list[int]:
     """'1,2,3' or '1 2 3' or '[1, 2, 3]' -> ids, or a clear error naming --prompt-ids."""
     items = text.replace("[", " ").replace("]", " ").replace(",", " ").split()
