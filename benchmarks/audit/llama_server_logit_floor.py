@@ -41,31 +41,19 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from llama_server_common import add_options, load_reference, server_prompts, top_logprobs
 
 SUFFIX_ROWS = 5       # rows of the suffix forward: a verification block of 4 drafts
 
 
-def top(entry: dict) -> dict[int, float]:
-    """{token id: logprob} of one position's ``top_logprobs`` (pre-sampling)."""
-    return {int(t["id"]): float(t["logprob"]) for t in entry["top_logprobs"]}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--url", required=True, help="llama-server root without /v1 (run it without speculation)")
-    ap.add_argument("--target", required=True, help="the served GGUF, loaded locally as the reference")
-    ap.add_argument("--prompts", nargs="+", required=True, help="text files, one prompt per line")
-    ap.add_argument("--m", type=int, default=64, help="greedy tokens per prompt")
-    ap.add_argument("--threads", type=int, default=1, help="the local reference's threads")
-    ap.add_argument("--server-args", default="", help="how the server was started (recorded in the header)")
-    ap.add_argument("--out", required=True, help="writes OUT.json (every position) and OUT.txt (the summary)")
+    add_options(ap)
     args = ap.parse_args()
 
-    from verispec.api import load_model
-
     http = httpx.Client(timeout=600)
-    ref = load_model(args.target, backend="llamacpp", n_threads=args.threads)
-    texts = [line.rstrip("\n") for f in args.prompts for line in Path(f).read_text().splitlines() if line.strip()]
+    ref = load_reference(args.target, args.threads)
+    prompts = server_prompts(http, args.url, args.prompts)
     common = {"temperature": 0.0, "n_probs": 10, "post_sampling_probs": False, "return_tokens": True}
     rows, t0 = [], time.time()
 
@@ -74,19 +62,18 @@ def main() -> None:
         r.raise_for_status()
         return r.json()
 
-    for pi, text in enumerate(texts):
-        prompt = http.post(args.url + "/tokenize", json={"content": text}).json()["tokens"]
+    for pi, prompt in enumerate(prompts):
         greedy = ask(prompt, args.m, False)
         path = [int(t) for t in greedy["tokens"]]
-        step = [top(e) for e in greedy["completion_probabilities"]]
+        step = [top_logprobs(e) for e in greedy["completion_probabilities"]]
         ref.reset()
         local = ref.sync(prompt + path[:-1], keep=len(path))[-len(path):].double().numpy()
         ref.reset()
         for i in range(len(path)):
-            batch = top(ask(prompt + path[:i], 1, False)["completion_probabilities"][0])
+            batch = top_logprobs(ask(prompt + path[:i], 1, False)["completion_probabilities"][0])
             ask(prompt + path[:max(0, i - SUFFIX_ROWS)], 1, True)
             r = ask(prompt + path[:i], 1, True)
-            suffix, suffix_rows = top(r["completion_probabilities"][0]), int(r["timings"]["prompt_n"])
+            suffix, suffix_rows = top_logprobs(r["completion_probabilities"][0]), int(r["timings"]["prompt_n"])
             a, b = (int(t) for t in np.argsort(-local[i])[:2])
             g_local = float(local[i, a] - local[i, b])
             row = {"prompt": pi, "position": i + 1, "token": path[i], "local_argmax": a, "local_second": b,
@@ -95,7 +82,7 @@ def main() -> None:
             for name, lp in (("step", step[i]), ("batch", batch), ("suffix", suffix)):
                 row[name] = lp[a] - lp[b] if a in lp and b in lp else None
             rows.append(row)
-        print(f"prompt {pi + 1}/{len(texts)}: {len(path)} positions, {time.time() - t0:.0f} s", flush=True)
+        print(f"prompt {pi + 1}/{len(prompts)}: {len(path)} positions, {time.time() - t0:.0f} s", flush=True)
 
     def dist(vals: list[float]) -> dict:
         v = np.abs(np.asarray([x for x in vals if x is not None and math.isfinite(x)]))
@@ -118,7 +105,7 @@ def main() -> None:
         (f"# command: python benchmarks/audit/llama_server_logit_floor.py --url {args.url} --target {args.target} "
         f"--prompts {' '.join(args.prompts)} --m {args.m} --out {args.out}"),
         f"# server: llama-server {args.server_args} ({http.get(args.url + '/props').json().get('build_info', '?')})",
-        f"# {len(texts)} prompts x {args.m} greedy tokens = {len(rows)} positions, {time.time() - t0:.0f} s",
+        f"# {len(prompts)} prompts x {args.m} greedy tokens = {len(rows)} positions, {time.time() - t0:.0f} s",
         "",
         "|g_server − g_local| for the local top-2 pair, logits (median / p99 / max over positions):",
     ]

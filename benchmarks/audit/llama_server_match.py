@@ -18,47 +18,33 @@ for the local top-2 pair (logits) and how many positions agree to 1e-4.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import httpx
 import numpy as np
+from llama_server_common import add_options, load_reference, server_prompts, top_logprobs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--url", required=True, help="llama-server root without /v1 (no speculation)")
-    ap.add_argument("--target", required=True, help="the served GGUF")
-    ap.add_argument("--prompts", required=True, help="a text file, one prompt per line")
-    ap.add_argument("--m", type=int, default=48, help="greedy tokens per prompt")
-    ap.add_argument("--threads", type=int, default=2, help="the local reference's threads")
-    ap.add_argument("--server-args", default="", help="how the server was started (recorded)")
-    ap.add_argument("--out", required=True, help="writes OUT.txt")
+    add_options(ap, m=48)
     args = ap.parse_args()
 
-    os.environ.setdefault("VERISPEC_LLAMACPP_REPACK", "0")   # no repacked (AMX) weights: SIGILL on this VM
-    from verispec.api import load_model
-
     http = httpx.Client(timeout=600)
-    texts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     served = []
-    for text in texts:
-        prompt = http.post(args.url + "/tokenize", json={"content": text}).json()["tokens"]
+    for prompt in server_prompts(http, args.url, args.prompts):
         r = http.post(args.url + "/completion", json={
             "prompt": prompt, "n_predict": args.m, "temperature": 0.0, "n_probs": 10, "post_sampling_probs": False,
             "cache_prompt": False, "return_tokens": True}).json()
-        served.append((prompt, [int(t) for t in r["tokens"]],
-                       [{int(t["id"]): float(t["logprob"]) for t in e["top_logprobs"]}
-                        for e in r["completion_probabilities"]]))
+        served.append((prompt, [int(t) for t in r["tokens"]], [top_logprobs(e) for e in r["completion_probabilities"]]))
     lines = [f"# llama-server against a local reference: {Path(args.out).name}",
              (f"# command: python benchmarks/audit/llama_server_match.py --url {args.url} --target {args.target} "
-             f"--prompts {args.prompts} --m {args.m} --threads {args.threads} --out {args.out}"),
+             f"--prompts {' '.join(args.prompts)} --m {args.m} --threads {args.threads} --out {args.out}"),
              f"# server: llama-server {args.server_args}",
-             f"# {len(texts)} prompts x {args.m} greedy tokens (1-token decode on the server)", "",
+             f"# {len(served)} prompts x {args.m} greedy tokens (1-token decode on the server)", "",
              "local reference                        positions   median    p99      max   equal (<1e-4)"]
     for fa in (False, True):
-        ref = load_model(args.target, backend="llamacpp", n_threads=args.threads, batch_invariant=False,
-                         flash_attn=fa)
+        ref = load_reference(args.target, args.threads, batch_invariant=False, flash_attn=fa)
         for mode in ("batch", "step"):
             d = []
             for prompt, path, top in served:

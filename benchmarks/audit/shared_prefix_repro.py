@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from llama_server_common import add_options, load_reference, server_prompts
 
 KINDS = ("P+a", "P+b", "P+a again", "P+b cold")
 
@@ -39,22 +40,13 @@ KINDS = ("P+a", "P+b", "P+a again", "P+b cold")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", required=True, help="the speculating llama-server's root (no /v1)")
-    ap.add_argument("--off", required=True, help="the same server without speculation")
-    ap.add_argument("--target", required=True, help="the served GGUF, loaded locally as the reference")
-    ap.add_argument("--prompts", required=True, help="a text file, one prompt per line")
+    add_options(ap, url="--off")
     ap.add_argument("--n", type=int, default=40, help="prompts P (each: a line plus 6 of its own tokens, seeded)")
-    ap.add_argument("--m", type=int, default=64, help="greedy tokens per request")
-    ap.add_argument("--threads", type=int, default=1, help="the local reference's threads")
-    ap.add_argument("--server-args", default="", help="how the servers were started (recorded in the header)")
-    ap.add_argument("--out", required=True, help="writes OUT.json (every request) and OUT.txt (the summary)")
     args = ap.parse_args()
 
-    from verispec.api import load_model
-
     http = httpx.Client(timeout=600)
-    ref = load_model(args.target, backend="llamacpp", n_threads=args.threads)
-    texts = [line.rstrip("\n") for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    lines = [http.post(args.off + "/tokenize", json={"content": t}).json()["tokens"] for t in texts]
+    ref = load_reference(args.target, args.threads)
+    lines = server_prompts(http, args.off, args.prompts)
     t0, rows = time.time(), []
 
     def ask(url: str, ids: list[int], cache: bool) -> list[int]:
@@ -100,7 +92,7 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     text = [f"# shared-prefix probe repeated: {out.name}",
             (f"# command: python benchmarks/audit/shared_prefix_repro.py --spec {args.spec} --off {args.off} "
-            f"--target {args.target} --prompts {args.prompts} --n {args.n} --m {args.m} --out {args.out}"),
+            f"--target {args.target} --prompts {' '.join(args.prompts)} --n {args.n} --m {args.m} --out {args.out}"),
             f"# servers: llama-server {args.server_args}",
             f"# {args.n} prompts x 4 requests x {args.m} greedy tokens per server, {time.time() - t0:.0f} s", "",
             ("request     spec≠off  gaps at the first difference (local logits)   spec leaves path (largest first margin)"
