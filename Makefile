@@ -12,21 +12,18 @@ setup: $(VENV)/.installed
 
 # torch is pinned to 2.13.0 (pip picks the build its index offers: the CPU wheel on the CI machines,
 # the default CUDA wheel from PyPI on Linux, which also runs on CPU); llama-cpp-python compiles from
-# source (~6-9 min on 2 cores, needs a C++ compiler), without llamafile's sgemm: that build is what
-# lets the llama.cpp backend score a verification batch exactly as single tokens (batch-invariant
-# mode, docs/exactness.md). --no-cache-dir: a wheel cached from a default build would bring sgemm back;
-# a venv holding such a build is rebuilt in place.
-LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
-LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
-NO_SGEMM := import llama_cpp, sys; sys.exit(b'LLAMAFILE = 1' in llama_cpp.llama_print_system_info())
+# its sdist (~6-9 min on 2 cores, needs a C++ compiler) with one switch added to its llama.cpp,
+# llama_set_use_ref (tools/install_llama_cpp.py): the batch-invariant mode runs decodes and
+# verification forwards on the CPU backend's reference kernels, exactly as single tokens, and
+# prefills on the fast ones (sgemm, flash attention; docs/exactness.md). LLAMA_CMAKE_ARGS: extra
+# CMake flags for that build.
+LLAMA_CMAKE_ARGS ?=
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile tools/install_llama_cpp.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet --no-cache-dir '$(LLAMA_CPP_PYTHON)'
-	$(BIN)/python -c "$(NO_SGEMM)" || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install \
-		--quiet --no-cache-dir --force-reinstall --no-deps '$(LLAMA_CPP_PYTHON)'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python tools/install_llama_cpp.py
 	$(BIN)/python -m pip install --quiet -e '.[test,llamacpp]'
 	touch $@
 

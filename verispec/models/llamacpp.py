@@ -6,18 +6,24 @@ rollback is `llama_memory_seq_rm(seq 0, from position n to the end)`.
 
 Numerics: by default llama.cpp scores a batch of k+1 tokens with other CPU
 kernels than a single token (repacked or AMX weights, the tiled K-quant matmul,
-llamafile's sgemm), so a verification forward's logits differ from plain
-decoding's by up to ~0.5 and greedy speculative output can leave plain greedy
-output at a near-tie. The batch-invariant mode (`batch_invariant`, on by default
-when the installed llama.cpp allows it) avoids those kernels for every forward
-that returns more than one row, so that each row is computed exactly as a
-single-token forward would compute it: verification logits are bit-identical to
-plain decoding's. See docs/exactness.md ("The batch-invariant mode").
+llamafile's sgemm, split-KV flash attention), so a verification forward's logits
+differ from plain decoding's by up to ~0.5 and greedy speculative output can leave
+plain greedy output at a near-tie. The batch-invariant mode (`batch_invariant`, on
+by default when the installed llama.cpp allows it) computes every row of a decode
+or verification forward exactly as a single-token forward would: verification
+logits are bit-identical to plain decoding's. With the reference switch that
+`make setup` builds in (`llama_set_use_ref`, tools/install_llama_cpp.py) it runs
+those forwards on the CPU backend's reference kernels and prefills on the fast
+ones, at native llama.cpp speed; on a stock llama.cpp built without sgemm it keeps
+flash attention off and scores verification forwards in pieces of at most
+`INVARIANT_ROWS` rows. See docs/exactness.md ("The batch-invariant mode").
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import threading
 import warnings
@@ -28,9 +34,10 @@ import torch
 from .. import registry
 from .base import CausalLM, eos_token_ids
 
-#: how to get a llama.cpp without llamafile's sgemm (needed for the batch-invariant mode)
-REBUILD_HINT = ('CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" pip install --force-reinstall --no-deps '
-                '--no-cache-dir llama-cpp-python==0.3.36  (`make setup` does this)')
+#: how to get a llama.cpp that can run the batch-invariant mode
+REBUILD_HINT = ('python tools/install_llama_cpp.py from verispec\'s repository (`make setup` does this: '
+                'the reference switch, native speed), or CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" pip install '
+                '--force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36 (no sgemm, slower)')
 _TILED_FORCE_ENV = "GGML_CPU_TILED_MM_FORCE"
 #: llama.cpp's tiled K-quant matmul takes over from 8 rows (`ggml_tiled_min_batch`); in the
 #: batch-invariant mode a forward that returns several rows is scored in pieces of at most this
@@ -59,20 +66,40 @@ def use_extra_buffers(batch_invariant: bool) -> bool:
     return not batch_invariant and value == "1"
 
 
+@functools.cache
+def reference_switch():
+    """The installed llama.cpp's `llama_set_use_ref(ctx, bool)`, or None on a stock build.
+
+    `tools/install_llama_cpp.py` (run by `make setup`) adds it: true makes the context's
+    CPU backend compute the following decodes with its reference kernels (llamafile's
+    sgemm, the tiled K-quant matmul, split-KV and tiled flash attention and op fusion
+    off), where every row of a decode is the same `vec_dot` calls as a single-token
+    decode; false restores the fast kernels.
+    """
+    import llama_cpp.llama_cpp as bindings
+
+    fn = getattr(bindings._lib, "llama_set_use_ref", None)
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_bool], None
+    return fn
+
+
 def batch_invariance_blocker() -> str | None:
     """Why this process cannot run llama.cpp batch-invariantly, or None if it can.
 
-    Two things make it impossible: a llama.cpp compiled with llamafile's sgemm
-    (it scores the attention products of batches of >= 2 tokens with other
-    kernels than a single token, and no runtime setting turns it off), and
-    GGML_CPU_TILED_MM_FORCE=1, which sends batches of any size to the tiled
-    K-quant matmul.
+    None whenever the reference switch is built in (`reference_switch`). On a stock
+    llama.cpp two things make it impossible: llamafile's sgemm compiled in (it scores
+    the attention products of batches of >= 2 tokens with other kernels than a single
+    token, and nothing at run time turns it off), and GGML_CPU_TILED_MM_FORCE=1, which
+    sends batches of any size to the tiled K-quant matmul.
 
     Returns:
         a sentence naming the cause and the fix, or None.
     """
     import llama_cpp
 
+    if reference_switch() is not None:
+        return None
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
     if "LLAMAFILE = 1" in info:
         return ("the installed llama-cpp-python was compiled with llamafile's sgemm (LLAMAFILE = 1), "
@@ -119,12 +146,14 @@ class LlamaCppModel(CausalLM):
             template, decoding), or None.
         name: label for statistics.
         batch_invariant: whether `llama` was loaded in the batch-invariant mode
-            (see `load`); forwards that return several rows are then scored in
-            pieces of at most `INVARIANT_ROWS` tokens. A forward with keep=1
-            over 8 or more tokens (a prefill) still runs whole and is not
-            batch-invariant: callers use it only for tokens that plain decoding
-            prefills the same way (the prompt), never for catching up on
-            tokens that plain decoding scores one at a time.
+            (see `load`). Every forward but a prefill is then computed row by row
+            as single tokens: with the reference switch (`reference_switch`) on the
+            reference kernels, else in pieces of at most `INVARIANT_ROWS` tokens.
+            A prefill, a forward with keep=1 over more than `INVARIANT_ROWS`
+            tokens, runs whole on the fast kernels and is not batch-invariant:
+            callers use it only for tokens that plain decoding prefills the same
+            way (the prompt), never for catching up on tokens that plain decoding
+            scores one at a time.
 
     Attribute `stepwise` (default False): a forward that returns several rows computes
     the tokens up to its first returned row in one batch and each later row in a forward
@@ -157,10 +186,18 @@ class LlamaCppModel(CausalLM):
                 eos.add(int(im_end))
         self.eos_token_ids = frozenset(eos)
         self._batch = llama._batch
+        self._switch = reference_switch() if batch_invariant else None
+        self._reference: bool | None = None     # what the switch was last set to
+
+    def _use_reference(self, on: bool) -> None:
+        """Set the context's reference kernels (batch-invariant mode with the switch only)."""
+        if self._switch is not None and self._reference is not on:
+            self._switch(self.llama._ctx.ctx, on)
+            self._reference = on
 
     @classmethod
     def open(cls, spec: str, *, fetch_missing: bool = True, batch_invariant: bool | None = None,
-             n_threads: int | None = None, flash_attn: bool = False) -> "LlamaCppModel":
+             n_threads: int | None = None, flash_attn: bool | None = None) -> "LlamaCppModel":
         """`load` the GGUF file `spec` resolves to (`verispec.registry.resolve` with
         weights=False: llama.cpp reads the GGUF itself, so no float32 conversion; the
         tokenizer is the one beside it, or built from the GGUF's metadata).
@@ -180,7 +217,7 @@ class LlamaCppModel(CausalLM):
     @classmethod
     def load(cls, gguf_path: str, *, tokenizer_path: str | None = None, name: str | None = None,
              n_ctx: int = 8192, n_threads: int | None = None,
-             batch_invariant: bool | None = None, flash_attn: bool = False) -> "LlamaCppModel":
+             batch_invariant: bool | None = None, flash_attn: bool | None = None) -> "LlamaCppModel":
         """Open a GGUF file.
 
         Args:
@@ -192,24 +229,29 @@ class LlamaCppModel(CausalLM):
                 several rows (a verification forward) exactly as a single-token
                 forward would: logits bit-identical to plain decoding's. It loads
                 the weights without llama.cpp's extra buffer types (no repacked
-                or AMX weights), keeps flash attention off and scores such
-                forwards in pieces of at most `INVARIANT_ROWS` tokens (below the
-                tiled K-quant matmul); a prefill (`keep=1`) still runs whole with
-                the fast kernels, for plain and speculative decoding alike. It
-                needs a llama.cpp built without llamafile's sgemm. None
-                (default): on when this llama.cpp allows it, else off with a
-                warning; True: required; False: llama.cpp's default kernels.
-                Plain decoding and prefill speed are unchanged on this project's
-                CPU (benchmarks/llamacpp-batch-invariant/).
-            flash_attn: llama.cpp's flash attention, as llama-server runs it by default
-                (its `-fa auto` is on for the CPU): a reference that scores one token per
-                forward with it reproduces llama-server's spec-off logits bit for bit
-                (benchmarks/audit/llama_server_match.py). Not batch-invariant, so it
-                needs batch_invariant False or None (then off).
+                or AMX weights). With the reference switch (`reference_switch`,
+                built by `make setup`) decodes and verification forwards run on
+                the reference kernels and a prefill (`keep=1`, more than
+                `INVARIANT_ROWS` tokens) on the fast ones (sgemm, tiled matmul,
+                flash attention), for plain and speculative decoding alike: native
+                llama.cpp speed (benchmarks/llamacpp-native/). On a stock llama.cpp
+                it needs a build without llamafile's sgemm, keeps flash attention
+                off and scores verification forwards in pieces of at most
+                `INVARIANT_ROWS` tokens. None (default): on when this llama.cpp
+                allows it, else off with a warning; True: required; False:
+                llama.cpp's default kernels.
+            flash_attn: llama.cpp's flash attention. None (default): on in the
+                batch-invariant mode with the reference switch (where it is exact and
+                as fast as llama.cpp's default), else off. True: on; without the
+                switch it is not batch-invariant, so it needs batch_invariant False
+                or None (then off). With batch_invariant False, a reference that
+                scores one token per forward with it reproduces llama-server's spec-off
+                logits bit for bit (benchmarks/audit/llama_server_match.py).
 
         Raises:
             ImportError: with the install command when llama-cpp-python is missing.
-            ValueError: if the file cannot be loaded, or flash_attn with batch_invariant=True.
+            ValueError: if the file cannot be loaded, or flash_attn=True with
+                batch_invariant=True on a llama.cpp without the reference switch.
             RuntimeError: if batch_invariant=True and this llama.cpp cannot do it
                 (the message names the cause and the rebuild command), or if a
                 probe forward after loading is not batch-invariant.
@@ -221,10 +263,12 @@ class LlamaCppModel(CausalLM):
                               "pip install 'verispec[llamacpp]'") from e
         global _warned_unsupported
         if flash_attn:
-            if batch_invariant:
-                raise ValueError("flash_attn=True scores a batch unlike single tokens; it cannot be "
-                                 "combined with batch_invariant=True (pass batch_invariant=False)")
-            batch_invariant = False
+            if batch_invariant and reference_switch() is None:
+                raise ValueError("flash_attn=True scores a batch unlike single tokens on this llama.cpp "
+                                 "(no reference switch); it cannot be combined with batch_invariant=True "
+                                 f"(pass batch_invariant=False, or install {REBUILD_HINT})")
+            if batch_invariant is None:
+                batch_invariant = False
         if batch_invariant is not False:
             blocker = batch_invariance_blocker()
             if blocker is not None:
@@ -238,6 +282,8 @@ class LlamaCppModel(CausalLM):
                 batch_invariant = False
             else:
                 batch_invariant = True
+        if flash_attn is None:
+            flash_attn = bool(batch_invariant) and reference_switch() is not None
         threads = n_threads or os.cpu_count() or 1
         params = {} if use_extra_buffers(batch_invariant) else {"use_extra_bufts": False}
         with _model_params(**params):
@@ -257,10 +303,11 @@ class LlamaCppModel(CausalLM):
     def _probe_batch_invariance(self, rows: int = INVARIANT_ROWS + 1) -> None:
         """Check that a `rows`-token forward equals `rows` single-token forwards bit for bit.
 
-        Eight rows (scored as 7 + 1) reach every batch-size-dependent path of
-        llama.cpp's CPU backend below the tiled matmul (sgemm from 2 rows,
-        repack gemm from 4) and the piecewise scoring itself, so a kernel left
-        on by this build or environment is caught here, before any output.
+        Eight rows (one forward on the reference kernels, or 7 + 1 without the
+        switch) reach every batch-size-dependent path of llama.cpp's CPU backend
+        at short context (sgemm from 2 rows, repack gemm from 4, the tiled matmul
+        from 8) and the piecewise scoring itself, so a kernel left on by this build
+        or environment is caught here, before any output.
         Costs rows + 3 forwards; leaves the cache empty.
 
         Raises:
@@ -307,7 +354,9 @@ class LlamaCppModel(CausalLM):
         out = []
         n_past = len(self.tokens)
         step = self.n_batch
-        if self.batch_invariant and keep > 1:   # a verification forward: stay below the tiled matmul
+        prefill = keep == 1 and len(tokens) > INVARIANT_ROWS
+        self._use_reference(not prefill)
+        if self.batch_invariant and self._switch is None and keep > 1:   # stay below the tiled matmul
             step = min(step, INVARIANT_ROWS)
         starts = list(range(0, len(tokens), step))
         if self.stepwise and keep > 1:          # prefill through the first kept row, then 1 row each

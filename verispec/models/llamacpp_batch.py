@@ -11,10 +11,11 @@ unchanged; `close()` empties the slot for the next request (any slot, any order)
 Exactness across sequences (docs/exactness.md, "Several sequences in one forward"):
 a sequence's logits must not depend on what else is in the forward. Three things ensure it:
 
-* the batch-invariant kernels of `LlamaCppModel` (no repacked/AMX weights, llamafile's sgemm
-  compiled out, flash attention off, at most `INVARIANT_ROWS` rows per `llama_decode`, so
-  the tiled K-quant matmul is never reached): every matrix product row is the same `vec_dot`
-  calls whatever the other rows are;
+* the batch-invariant kernels of `LlamaCppModel` (no repacked/AMX weights; with the reference
+  switch every decode but a prefill on llama.cpp's reference kernels, else sgemm compiled
+  out, flash attention off and at most `INVARIANT_ROWS` rows per `llama_decode`, so the
+  tiled K-quant matmul is never reached): every matrix product row is the same `vec_dot`
+  calls whatever the other rows are, and every attention row the same one-query pass;
 * one KV stream per sequence (`kv_unified=False`): a sequence's attention runs over its own
   cells, laid out at the cells a solo context would use (cell = position), so the
   softmax and the V-weighted sums add the same terms in the same order. In one unified
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 
 from .base import CausalLM, eos_token_ids
-from .llamacpp import INVARIANT_ROWS, batch_invariance_blocker, use_extra_buffers
+from .llamacpp import INVARIANT_ROWS, batch_invariance_blocker, reference_switch, use_extra_buffers
 
 #: tokens per `llama_decode` for a prefill (as `LlamaCppModel`'s n_batch)
 N_BATCH = 512
@@ -90,7 +91,8 @@ class LlamaCppBatchModel:
             sequence); False (default) gives each slot its own stream, which the
             cross-sequence exactness needs (module docstring).
         max_rows: most rows per `llama_decode` for the rows of several sequences
-            (default `INVARIANT_ROWS` in the batch-invariant mode, else N_BATCH).
+            (default `INVARIANT_ROWS` in the batch-invariant mode without the reference
+            switch, else N_BATCH).
 
     Attributes:
         vocab_size, context_length (per slot), eos_token_ids, tokenizer, name,
@@ -106,7 +108,8 @@ class LlamaCppBatchModel:
         self.context_length = n_ctx_per_seq
         self.n_seq_max = n_seq_max
         self.batch_invariant = batch_invariant
-        self.max_rows = max_rows or (INVARIANT_ROWS if batch_invariant else N_BATCH)
+        self._switch = reference_switch() if batch_invariant else None
+        self.max_rows = max_rows or (INVARIANT_ROWS if batch_invariant and self._switch is None else N_BATCH)
         self.tokenizer = tokenizer
         self.name = name
         eos = {int(lib.llama_vocab_eos(vocab))}
@@ -153,7 +156,10 @@ class LlamaCppBatchModel:
         cparams.n_batch = cparams.n_ubatch = N_BATCH
         cparams.n_seq_max = n_seq_max
         cparams.n_threads = cparams.n_threads_batch = threads
-        cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        # as LlamaCppModel.load(flash_attn=None): on exactly where the solo model has it on
+        flash = invariant and reference_switch() is not None
+        cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash
+                                   else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         cparams.kv_unified = kv_unified
         ctx = lib.llama_init_from_model(model, cparams)
         if not ctx:
@@ -262,8 +268,10 @@ class LlamaCppBatchModel:
 
         Positions start at len(view.tokens) + offset (offset: rows of this forward already
         run by earlier calls, a prefill in chunks); keep = 0 returns no rows ([0, V]).
-        Prefills (keep <= 1, more than max_rows tokens) run alone in N_BATCH pieces; every
-        other row is packed, in slot order, into decodes of at most `max_rows` rows.
+        Prefills (keep <= 1 and more than `INVARIANT_ROWS` tokens, or a later piece of one:
+        offset > 0) run alone in N_BATCH pieces on the fast kernels, as a solo
+        `LlamaCppModel` prefills; every other row is packed, in slot order, into decodes of
+        at most `max_rows` rows (on the reference kernels where the switch exists).
 
         The low-level form of `forward_many` for a driver that keeps the views' `tokens`
         itself (`verispec.batching`: the views' own `forward` appends them): it does not
@@ -283,20 +291,25 @@ class LlamaCppBatchModel:
         kept: dict[int, list[np.ndarray]] = {slot: [] for slot in plan}
         packed: list[tuple[int, int, int, bool]] = []     # (slot, token, pos, logits?)
         for slot, (tokens, keep, *offset) in sorted(plan.items()):
-            n_past = len(self._views[slot].tokens) + (offset[0] if offset else 0)
+            done = offset[0] if offset else 0
+            n_past = len(self._views[slot].tokens) + done
             rows = [(slot, t, n_past + i, i >= len(tokens) - keep) for i, t in enumerate(tokens)]
-            if keep <= 1 and len(tokens) > self.max_rows:
+            if keep <= 1 and (len(tokens) > INVARIANT_ROWS or done > 0):
                 for s in range(0, len(rows), N_BATCH):
-                    self._run(rows[s:s + N_BATCH], kept)
+                    self._run(rows[s:s + N_BATCH], kept, reference=False)
             else:
                 packed.extend(rows)
         for s in range(0, len(packed), self.max_rows):
-            self._run(packed[s:s + self.max_rows], kept)
+            self._run(packed[s:s + self.max_rows], kept, reference=True)
         return {slot: torch.from_numpy(np.stack(kept[slot]) if kept[slot]
                                        else np.zeros((0, self.vocab_size), np.float32)) for slot in plan}
 
-    def _run(self, rows: list[tuple[int, int, int, bool]], kept: dict[int, list[np.ndarray]]) -> None:
-        """One llama_decode over `rows`; appends the wanted rows' logits to kept[slot]."""
+    def _run(self, rows: list[tuple[int, int, int, bool]], kept: dict[int, list[np.ndarray]],
+             reference: bool = True) -> None:
+        """One llama_decode over `rows` (on the reference kernels if `reference` and the
+        switch exists); appends the wanted rows' logits to kept[slot]."""
+        if self._switch is not None:
+            self._switch(self._ctx, reference)
         b = self._batch
         b.n_tokens = len(rows)
         for i, (slot, token, pos, want) in enumerate(rows):

@@ -1,0 +1,142 @@
+"""Build and install llama-cpp-python with one switch added to its llama.cpp: `llama_set_use_ref`.
+
+    python tools/install_llama_cpp.py [--version 0.3.36] [--build-dir DIR]
+
+Why: verispec's batch-invariant mode (docs/exactness.md) needs every row of a verification
+forward computed exactly as a single-token forward. llama.cpp's CPU backend already has such
+a path, its "reference" kernels (`ggml_backend_cpu_set_use_ref`: no tiled K-quant matmul, no
+split-KV or tiled flash attention, no op fusion), but llama.cpp offers no call to reach it
+from a context, and llamafile's sgemm ignores it. Without a switch the only way was a build
+without sgemm and with flash attention off, which costs native speed (prefill 0.75x,
+decode 0.88x of llama-bench; benchmarks/llamacpp-native/). With it, verispec turns the
+reference kernels on for decodes and verification forwards and off for prefills, keeping
+sgemm, the tiled matmul and flash attention wherever a prompt is prefilled.
+
+The patch, applied to the llama-cpp-python sdist's vendored llama.cpp (each edit must
+apply exactly once, or the script stops naming it):
+
+* ggml-cpu.c: llamafile's sgemm is skipped when the compute params say use_ref (as the
+  tiled matmul and flash attention already are);
+* llama.h / llama-context.{h,cpp}: `void llama_set_use_ref(struct llama_context *, bool)`,
+  which hands the flag to the context's CPU backend.
+
+Downloads the sdist with pip (so pip's index settings apply), builds with pip install
+--no-cache-dir (a cached unpatched wheel must not be reused), then checks that the installed
+library exports the switch.
+
+Raises SystemExit naming the step that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+VERSION = "0.3.36"
+
+#: (file under vendor/llama.cpp, text to find, replacement); each must match exactly once
+EDITS = [
+    ("ggml/src/ggml-cpu/ggml-cpu.c",
+     "    if (src1_cont) {\n        for (int64_t i13 = 0; i13 < ne13; i13++)",
+     "    if (src1_cont && !params->use_ref) {\n        for (int64_t i13 = 0; i13 < ne13; i13++)"),
+    ("ggml/src/ggml-cpu/ggml-cpu.c",
+     "#if GGML_USE_LLAMAFILE\n    if (src1->type != vec_dot_type) {",
+     "#if GGML_USE_LLAMAFILE\n    if (src1->type != vec_dot_type && !params->use_ref) {"),
+    ("include/llama.h",
+     "    LLAMA_API void llama_set_abort_callback(struct llama_context * ctx, ggml_abort_callback "
+     "abort_callback, void * abort_callback_data);\n",
+     "    LLAMA_API void llama_set_abort_callback(struct llama_context * ctx, ggml_abort_callback "
+     "abort_callback, void * abort_callback_data);\n\n"
+     "    // verispec: run the CPU backend's reference kernels (no llamafile sgemm, no tiled matmul,\n"
+     "    // no split-KV or tiled flash attention, no op fusion) in the following decodes, so that\n"
+     "    // every row of a decode is computed as in a single-token decode\n"
+     "    LLAMA_API void llama_set_use_ref(struct llama_context * ctx, bool use_ref);\n"),
+    ("src/llama-context.h",
+     "    void set_warmup(bool value);\n",
+     "    void set_warmup(bool value);\n    void set_use_ref(bool value);\n"),
+    ("src/llama-context.cpp",
+     "void llama_set_warmup(llama_context * ctx, bool warmup) {\n    ctx->set_warmup(warmup);\n}\n",
+     "void llama_set_warmup(llama_context * ctx, bool warmup) {\n    ctx->set_warmup(warmup);\n}\n\n"
+     "void llama_set_use_ref(llama_context * ctx, bool use_ref) {\n    ctx->set_use_ref(use_ref);\n}\n"),
+    ("src/llama-context.cpp",
+     "void llama_context::set_abort_callback(",
+     "void llama_context::set_use_ref(bool value) {\n"
+     "    if (backend_cpu == nullptr) {\n        return;\n    }\n"
+     "    auto * reg = ggml_backend_dev_backend_reg(ggml_backend_get_device(backend_cpu));\n"
+     "    auto * fn = (decltype(ggml_backend_cpu_set_use_ref) *) ggml_backend_reg_get_proc_address(reg, "
+     "\"ggml_backend_cpu_set_use_ref\");\n"
+     "    if (fn) {\n        fn(backend_cpu, value);\n    }\n}\n\n"
+     "void llama_context::set_abort_callback("),
+]
+
+CHECK = ("import llama_cpp, llama_cpp.llama_cpp as c, sys; "
+         "sys.exit(0 if hasattr(c._lib, 'llama_set_use_ref') and llama_cpp.__version__ == sys.argv[1] "
+         "else 'llama_set_use_ref is missing')")
+
+
+def installed(version: str) -> bool:
+    """Whether this Python already has llama-cpp-python `version` with the switch."""
+    return subprocess.run([sys.executable, "-c", CHECK, version], capture_output=True).returncode == 0
+
+
+def patch(llama_cpp_dir: Path) -> None:
+    """Apply `EDITS` under `llama_cpp_dir` (the vendored llama.cpp).
+
+    Raises:
+        SystemExit: naming the file and edit that does not match exactly once.
+    """
+    for name, old, new in EDITS:
+        path = llama_cpp_dir / name
+        text = path.read_text()
+        if text.count(old) != 1:
+            raise SystemExit(f"install_llama_cpp: {name}: expected the text to patch once, found it "
+                             f"{text.count(old)} times (another llama-cpp-python version?): {old[:60]!r}")
+        path.write_text(text.replace(old, new))
+
+
+def run(cmd: list[str]) -> None:
+    print("+", " ".join(cmd), flush=True)
+    if subprocess.run(cmd).returncode != 0:
+        raise SystemExit(f"install_llama_cpp: failed: {' '.join(cmd)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--version", default=VERSION, help="llama-cpp-python version (default %(default)s)")
+    ap.add_argument("--build-dir", default=None, help="where to unpack and build (default: a temporary directory)")
+    ap.add_argument("--force", action="store_true", help="rebuild even when the switch is already installed")
+    args = ap.parse_args()
+    if not args.force and installed(args.version):
+        print("install_llama_cpp: llama-cpp-python", args.version, "with llama_set_use_ref is already installed")
+        return
+    with tempfile.TemporaryDirectory(prefix="verispec-llama-") as tmp:
+        root = Path(args.build_dir or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", "llama-cpp-python",
+             f"llama-cpp-python=={args.version}", "-d", str(root)])
+        sdist = root / f"llama_cpp_python-{args.version}.tar.gz"
+        if not sdist.exists():
+            raise SystemExit(f"install_llama_cpp: pip did not download {sdist.name} into {root}")
+        with tarfile.open(sdist) as tar:
+            if hasattr(tarfile, "data_filter"):     # Python >= 3.10.12 / 3.11.4
+                tar.extractall(root, filter="data")
+            else:                                   # pragma: no cover - older Pythons
+                tar.extractall(root)
+        source = root / f"llama_cpp_python-{args.version}"
+        patch(source / "vendor" / "llama.cpp")
+        # with its dependencies; then again in place if pip kept an unpatched build of the same version
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--no-cache-dir", str(source)])
+        if not installed(args.version):
+            run([sys.executable, "-m", "pip", "install", "--quiet", "--no-cache-dir", "--force-reinstall",
+                 "--no-deps", str(source)])
+    if not installed(args.version):
+        raise SystemExit("install_llama_cpp: the installed llama-cpp-python has no llama_set_use_ref")
+    print("install_llama_cpp: llama-cpp-python", args.version, "installed with llama_set_use_ref")
+
+
+if __name__ == "__main__":
+    main()
