@@ -11,7 +11,7 @@ it measures what a drafter could give; how much of it the adaptive policy takes 
 the bench rows show.
 
     PYTHONPATH=. .venv/bin/python benchmarks/llamacpp-native/replay_drafts.py \
-        --results benchmarks/llamacpp-native/bench/results.jsonl --categories summarization,rag
+        --results benchmarks/llamacpp-native/bench-stock/results.jsonl --categories summarization,rag
 """
 
 from __future__ import annotations
