@@ -206,3 +206,34 @@ def test_stepwise_scoring_returns_each_row_from_a_forward_of_its_own(smol, monke
     stepwise = fa.sync(ids[:80], keep=31)
     assert fa.forwards == forwards + 1 and torch.equal(stepwise, steps)
     assert not torch.equal(batch, steps)     # the test has teeth: one 80-row batch differs here
+
+
+def test_token_audit_reference_computes_the_generation_logits_bit_for_bit(smol, monkeypatch):
+    """`score_completion` prefills the prompt but its last token as `decode` does, then scores
+    the rest in one forward: on a batch-invariant llama.cpp that is exactly the logits plain
+    decoding computed (prefill, then one step per token). Scoring prompt and completion in one
+    forward instead computes the prompt on the decode kernels, not the prefill's (an 80-token
+    prompt reaches tiled flash attention), and the logits move."""
+    from verispec.audit.scoring import score_completion
+    from verispec.sampling import SamplingConfig
+
+    ids = _context(smol, 100)
+    prompt, completion = ids[:80], ids[80:100]
+    smol.reset()
+    smol.forward(prompt[:-1], keep=1)
+    steps = torch.cat([smol.forward([t]) for t in [prompt[-1]] + completion[:-1]])
+    returned = []
+    sync = smol.sync
+
+    def spy(context, keep=None):
+        out = sync(context, keep)
+        returned.append(out)
+        return out
+
+    monkeypatch.setattr(smol, "sync", spy)
+    score_completion(smol, prompt, completion, SamplingConfig(temperature=1.0))
+    assert torch.equal(returned[-1], steps)
+    monkeypatch.undo()
+    smol.reset()
+    assert not torch.equal(smol.sync(prompt + completion[:-1], keep=20), steps)   # the test has teeth
+    smol.reset()
