@@ -63,9 +63,10 @@ def load_model(spec: str | CausalLM, *, backend: str | None = None, device: str 
         n_threads: llama.cpp only: CPU threads (None: all cores). On a shared machine
             fewer threads than cores avoids llama.cpp's spinning threads waiting on
             descheduled ones.
-        flash_attn: llama.cpp only: its flash attention (llama-server's default; not
-            batch-invariant, so the batch-invariant mode is off), for an audit reference
-            that must compute as llama-server does (`LlamaCppModel.load`).
+        flash_attn: llama.cpp only: its flash attention. None: on in the batch-invariant
+            mode with the reference switch `make setup` builds in (exact there), else off;
+            True with batch_invariant None: llama-server's kernels (the mode off), for an
+            audit reference that must compute as llama-server does (`LlamaCppModel.load`).
 
     Raises:
         UnknownModelError, FileNotFoundError, ChecksumError: from `verispec.registry`.
