@@ -47,30 +47,30 @@ EDITS = [
      "#if GGML_USE_LLAMAFILE\n    if (src1->type != vec_dot_type) {",
      "#if GGML_USE_LLAMAFILE\n    if (src1->type != vec_dot_type && !params->use_ref) {"),
     ("include/llama.h",
-     "    LLAMA_API void llama_set_abort_callback(struct llama_context * ctx, ggml_abort_callback "
-     "abort_callback, void * abort_callback_data);\n",
-     "    LLAMA_API void llama_set_abort_callback(struct llama_context * ctx, ggml_abort_callback "
-     "abort_callback, void * abort_callback_data);\n\n"
-     "    // verispec: run the CPU backend's reference kernels (no llamafile sgemm, no tiled matmul,\n"
-     "    // no split-KV or tiled flash attention, no op fusion) in the following decodes, so that\n"
-     "    // every row of a decode is computed as in a single-token decode\n"
-     "    LLAMA_API void llama_set_use_ref(struct llama_context * ctx, bool use_ref);\n"),
+     ("    LLAMA_API void llama_set_abort_callback(struct llama_context * ctx, ggml_abort_callback "
+      "abort_callback, void * abort_callback_data);\n"),
+     ("    LLAMA_API void llama_set_abort_callback(struct llama_context * ctx, ggml_abort_callback "
+      "abort_callback, void * abort_callback_data);\n\n"
+      "    // verispec: run the CPU backend's reference kernels (no llamafile sgemm, no tiled matmul,\n"
+      "    // no split-KV or tiled flash attention, no op fusion) in the following decodes, so that\n"
+      "    // every row of a decode is computed as in a single-token decode\n"
+      "    LLAMA_API void llama_set_use_ref(struct llama_context * ctx, bool use_ref);\n")),
     ("src/llama-context.h",
      "    void set_warmup(bool value);\n",
      "    void set_warmup(bool value);\n    void set_use_ref(bool value);\n"),
     ("src/llama-context.cpp",
      "void llama_set_warmup(llama_context * ctx, bool warmup) {\n    ctx->set_warmup(warmup);\n}\n",
-     "void llama_set_warmup(llama_context * ctx, bool warmup) {\n    ctx->set_warmup(warmup);\n}\n\n"
-     "void llama_set_use_ref(llama_context * ctx, bool use_ref) {\n    ctx->set_use_ref(use_ref);\n}\n"),
+     ("void llama_set_warmup(llama_context * ctx, bool warmup) {\n    ctx->set_warmup(warmup);\n}\n\n"
+      "void llama_set_use_ref(llama_context * ctx, bool use_ref) {\n    ctx->set_use_ref(use_ref);\n}\n")),
     ("src/llama-context.cpp",
      "void llama_context::set_abort_callback(",
-     "void llama_context::set_use_ref(bool value) {\n"
-     "    if (backend_cpu == nullptr) {\n        return;\n    }\n"
-     "    auto * reg = ggml_backend_dev_backend_reg(ggml_backend_get_device(backend_cpu));\n"
-     "    auto * fn = (decltype(ggml_backend_cpu_set_use_ref) *) ggml_backend_reg_get_proc_address(reg, "
-     "\"ggml_backend_cpu_set_use_ref\");\n"
-     "    if (fn) {\n        fn(backend_cpu, value);\n    }\n}\n\n"
-     "void llama_context::set_abort_callback("),
+     ("void llama_context::set_use_ref(bool value) {\n"
+      "    if (backend_cpu == nullptr) {\n        return;\n    }\n"
+      "    auto * reg = ggml_backend_dev_backend_reg(ggml_backend_get_device(backend_cpu));\n"
+      "    auto * fn = (decltype(ggml_backend_cpu_set_use_ref) *) ggml_backend_reg_get_proc_address(reg, "
+      "\"ggml_backend_cpu_set_use_ref\");\n"
+      "    if (fn) {\n        fn(backend_cpu, value);\n    }\n}\n\n"
+      "void llama_context::set_abort_callback(")),
 ]
 
 CHECK = ("import llama_cpp, llama_cpp.llama_cpp as c, sys; "
@@ -80,7 +80,7 @@ CHECK = ("import llama_cpp, llama_cpp.llama_cpp as c, sys; "
 
 def installed(version: str) -> bool:
     """Whether this Python already has llama-cpp-python `version` with the switch."""
-    return subprocess.run([sys.executable, "-c", CHECK, version], capture_output=True).returncode == 0
+    return subprocess.run([sys.executable, "-c", CHECK, version], capture_output=True, check=False).returncode == 0
 
 
 def patch(llama_cpp_dir: Path) -> None:
@@ -100,7 +100,7 @@ def patch(llama_cpp_dir: Path) -> None:
 
 def run(cmd: list[str]) -> None:
     print("+", " ".join(cmd), flush=True)
-    if subprocess.run(cmd).returncode != 0:
+    if subprocess.run(cmd, check=False).returncode != 0:
         raise SystemExit(f"install_llama_cpp: failed: {' '.join(cmd)}")
 
 
