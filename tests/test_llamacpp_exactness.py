@@ -208,13 +208,23 @@ def test_stepwise_scoring_returns_each_row_from_a_forward_of_its_own(smol, monke
     assert not torch.equal(batch, steps)     # the test has teeth: one 80-row batch differs here
 
 
+def _spy(forward, returned: list):
+    def spy(tokens, keep=None):
+        out = forward(tokens, keep)
+        returned.append(out)
+        return out
+    return spy
+
+
 def test_token_audit_reference_computes_the_generation_logits_bit_for_bit(smol, monkeypatch):
-    """`score_completion` prefills the prompt but its last token as `decode` does, then scores
-    the rest in one forward: on a batch-invariant llama.cpp that is exactly the logits plain
-    decoding computed (prefill, then one step per token). Scoring prompt and completion in one
+    """`score_completion` (via `decoded_logits`) prefills the prompt but its last token as
+    `decode` does, then scores the rest in one forward: on a batch-invariant llama.cpp that is
+    exactly the logits plain decoding computed (prefill, then one step per token), also after a
+    rollback to a shorter prefix (the per-position references). Scoring prompt and completion in one
     forward instead computes the prompt on the decode kernels, not the prefill's (an 80-token
     prompt reaches tiled flash attention), and the logits move."""
     from verispec.audit.scoring import score_completion
+    from verispec.decoding import decoded_logits
     from verispec.sampling import SamplingConfig
 
     ids = _context(smol, 100)
@@ -223,17 +233,16 @@ def test_token_audit_reference_computes_the_generation_logits_bit_for_bit(smol, 
     smol.forward(prompt[:-1], keep=1)
     steps = torch.cat([smol.forward([t]) for t in [prompt[-1]] + completion[:-1]])
     returned = []
-    sync = smol.sync
-
-    def spy(context, keep=None):
-        out = sync(context, keep)
-        returned.append(out)
-        return out
-
-    monkeypatch.setattr(smol, "sync", spy)
+    monkeypatch.setattr(smol, "forward", _spy(smol.forward, returned))
     score_completion(smol, prompt, completion, SamplingConfig(temperature=1.0))
     assert torch.equal(returned[-1], steps)
     monkeypatch.undo()
+    # the per-position references (exact, reference, replay) use the same helper, also after
+    # a rollback to a shorter prefix
+    smol.reset()
+    assert torch.equal(decoded_logits(smol, prompt, completion[:5]), steps[:6])
+    assert torch.equal(decoded_logits(smol, prompt, completion[:3])[-1], steps[3])
+    assert torch.equal(decoded_logits(smol, prompt, completion[:9])[-1], steps[9])
     smol.reset()
     assert not torch.equal(smol.sync(prompt + completion[:-1], keep=20), steps)   # the test has teeth
     smol.reset()

@@ -247,6 +247,41 @@ def score(target: CausalLM, seq: list[int], x: list[int], sampling: SamplingConf
     return p, seconds
 
 
+def decoded_logits(target: CausalLM, prompt: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+    """Next-token logits after `prompt` + each prefix of `tokens`, computed as `decode` computes them.
+
+    `decode` prefills the prompt but its last token in one forward with keep=1 (on
+    llama.cpp's batch-invariant mode: the fast prefill kernels) and computes every later
+    position in decode forwards (the kernels on which a row does not depend on the batch).
+    This does the same, so a reference scores the very numbers a generation saw: it
+    prefills prompt[:-1] unless the cache already starts with it (otherwise it resets the
+    cache first), then runs the rest, after the longest cached common prefix, in one
+    forward that returns all its rows (never mistaken for a prefill).
+
+    Args:
+        target: the model; its cache is left holding prompt + tokens.
+        prompt: prompt ids, len >= 1.
+        tokens: the ids after the prompt (may be empty).
+
+    Returns:
+        [n, V] float32 logits for the last n >= 1 positions of prompt + tokens (those the
+        cache did not hold); row -1 is the next-token logits after all of them.
+
+    Raises:
+        ValueError: an empty prompt.
+    """
+    prompt, context = list(prompt), list(prompt) + list(tokens)
+    if not prompt:
+        raise ValueError("decoded_logits needs a non-empty prompt")
+    head = prompt[:-1]
+    if head and target.tokens[:len(head)] != head:
+        target.reset()
+        target.forward(head, keep=1)
+    target.rollback_to(context)
+    new = context[len(target.tokens):]
+    return target.forward(new, keep=len(new))
+
+
 def _verification_forward(target: CausalLM, seq: list[int], x: list[int], sampling: SamplingConfig,
                           width: int | None, n_prompt: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     """`score`, also returning the raw logits rows 0..k ([k+1, V]) the warped p came from."""

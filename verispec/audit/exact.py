@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from ..decoding import decode
+from ..decoding import decode, decoded_logits
 from ..models.base import CausalLM
 from ..sampling import SamplingConfig, warp
 from ..verify import Rule, standard
@@ -125,7 +125,7 @@ def _direct_target_distribution(target: CausalLM, prompt: list[int], n: int,
         if len(prefix) == n:
             out[prefix] = out.get(prefix, 0.0) + w
             return
-        p = warp(target.sync(prompt + list(prefix), keep=1)[-1], sampling,
+        p = warp(decoded_logits(target, prompt, prefix)[-1], sampling,
                  prompt + list(prefix), len(prompt)).tolist()
         for t, pt in enumerate(p):
             if pt > 0:

@@ -199,11 +199,13 @@ BOUNDARY_MARGIN = 0.5
 def target_next_probs(target, prompt: Sequence[int], sampling,
                       margin: float = BOUNDARY_MARGIN) -> Callable[[tuple[int, ...]], np.ndarray]:
     """prefix -> the target's warped p of the next token ([V] float64 numpy), cached;
-    one forward per new prefix (`CausalLM.sync` keeps the common prefix cached).
+    one forward per new prefix, computed as `decode` computes it (`decoded_logits`; the
+    common prefix stays cached).
 
     The callable has a ``near_support(prefix)`` attribute: the tokens outside the
     support whose logit / T is within `margin` of the support's lowest (the near-ties
     at a top-k / top-p / min-p cut-off, see `conditional_fit`)."""
+    from ..decoding import decoded_logits
     from ..sampling import warp
 
     cache: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
@@ -212,7 +214,7 @@ def target_next_probs(target, prompt: Sequence[int], sampling,
 
     def entry(prefix: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         if prefix not in cache:
-            logits = target.sync(prompt + list(prefix), keep=1)[-1].double()
+            logits = decoded_logits(target, prompt, prefix)[-1].double()   # as decode() saw them
             cache[prefix] = (warp(logits[None], sampling)[0].numpy(), (logits / t).numpy())
         return cache[prefix]
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..decoding import decoded_logits
 from ..sampling import SamplingConfig
 from .probes import ProbeResult
 from .scoring import NEAR_TIE_MARGIN
@@ -68,7 +69,7 @@ def replay_check(decoder, prompts: Sequence[Sequence[int]], drawn: dict, samplin
                 continue
             target = decoder.target
             target.reset()
-            logits = target.sync(list(prompts[j]) + list(s.token_ids[:diff]), keep=1)[-1].double() / t
+            logits = decoded_logits(target, prompts[j], s.token_ids[:diff])[-1].double() / t
             target.reset()
             a, b = s.token_ids[diff], local[diff]
             gap = abs(float(logits[a] - logits[b])) if torch.isfinite(logits[[a, b]]).all() else float("inf")

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..decoding import decoded_logits
 from ..models.base import CausalLM
 from ..sampling import SamplingConfig, warp
 
@@ -98,12 +99,13 @@ def score_completion(reference: CausalLM, prompt: Sequence[int], completion: Seq
     """Teacher-force `completion` through `reference` and score every token (module doc).
 
     Args:
-        reference: the reference `CausalLM` (its cache is reset). The prompt but its last
-            token is prefilled first, as `verispec.decoding.decode` prefills it, then one
-            forward scores the rest: a llama.cpp reference in the batch-invariant mode then
-            computes the very logits verispec's own generation computed (a prefill runs on
-            other kernels than a decode). A `stepwise` reference (llama-server's kernels)
-            keeps its own order: one batch through the prompt, one row per later token.
+        reference: the reference `CausalLM` (its cache is reset). Scored as
+            `verispec.decoding.decode` computes (`decoded_logits`: the prompt but its last
+            token prefilled, the rest in one decode forward), so a llama.cpp reference in the
+            batch-invariant mode computes the very logits verispec's own generation computed
+            (a prefill runs on other kernels than a decode). A `stepwise` reference
+            (llama-server's kernels) keeps its own order: one batch through the prompt, one
+            row per later token.
         prompt: prompt ids (>= 1).
         completion: the generated ids x_1..x_m (m >= 1), as the server returned them.
         sampling: the request's warping and controls (`SamplingConfig`, with the
@@ -131,9 +133,10 @@ def score_completion(reference: CausalLM, prompt: Sequence[int], completion: Seq
                              f"audit with the served model's own weights as --target")
     m = len(completion)
     reference.reset()
-    if len(prompt) > 1 and not getattr(reference, "stepwise", False):
-        reference.sync(prompt[:-1], keep=1)          # the prefill, as decode() runs it
-    logits = reference.sync(prompt + completion[:-1], keep=m)[-m:].double()
+    if getattr(reference, "stepwise", False):
+        logits = reference.sync(prompt + completion[:-1], keep=m)[-m:].double()
+    else:
+        logits = decoded_logits(reference, prompt, completion[:-1])[-m:].double()
     reference.reset()
     if sampling.has_controls:
         from ..controls import apply_controls
