@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .decoding import DecodeResult, Policy, RoundRecord, decode
-from .models.llamacpp import INVARIANT_ROWS
+from .models.llamacpp import is_prefill
 from .models.llamacpp_batch import LlamaCppBatchModel, SequenceView
 from .policy.costs import OnlineCostCurve
 from .sampling import Randomness, SamplingConfig
@@ -268,7 +268,7 @@ class BatchedRounds:
         batch, unfinished, prefills = {}, {}, []
         for request, (tokens, keep) in parked.items():
             done = self._prefilled.get(request, 0)
-            if keep == 1 and len(tokens) - done > INVARIANT_ROWS:
+            if is_prefill(len(tokens) - done, keep):
                 prefills.append(request)
             else:
                 batch[request] = (tokens[done:], keep, done)

@@ -44,6 +44,14 @@ _TILED_FORCE_ENV = "GGML_CPU_TILED_MM_FORCE"
 #: many tokens, so it never reaches that kernel, while a prefill (one row returned) keeps it
 INVARIANT_ROWS = 7
 _params_lock = threading.Lock()
+
+
+def is_prefill(n_tokens: int, keep: int) -> bool:
+    """Whether a forward of `n_tokens` tokens returning its last `keep` rows is a prefill:
+    one row (or none) kept and more than `INVARIANT_ROWS` tokens. The batch-invariant mode
+    runs a prefill on the fast kernels, every other forward row by row as single tokens;
+    callers use prefills only for tokens plain decoding prefills the same way (the prompt)."""
+    return keep <= 1 and n_tokens > INVARIANT_ROWS
 _warned_unsupported = False
 #: "0" keeps llama.cpp's extra buffer types (repacked / AMX weights) off outside the batch-invariant
 #: mode too, as llama-server's --no-repack does: on a VM whose CPU reports AMX that the hypervisor
@@ -354,8 +362,7 @@ class LlamaCppModel(CausalLM):
         out = []
         n_past = len(self.tokens)
         step = self.n_batch
-        prefill = keep == 1 and len(tokens) > INVARIANT_ROWS
-        self._use_reference(not prefill)
+        self._use_reference(not is_prefill(len(tokens), keep))
         if self.batch_invariant and self._switch is None and keep > 1:   # stay below the tiled matmul
             step = min(step, INVARIANT_ROWS)
         starts = list(range(0, len(tokens), step))

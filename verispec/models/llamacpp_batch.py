@@ -38,7 +38,13 @@ import numpy as np
 import torch
 
 from .base import CausalLM, eos_token_ids
-from .llamacpp import INVARIANT_ROWS, batch_invariance_blocker, reference_switch, use_extra_buffers
+from .llamacpp import (
+    INVARIANT_ROWS,
+    batch_invariance_blocker,
+    is_prefill,
+    reference_switch,
+    use_extra_buffers,
+)
 
 #: tokens per `llama_decode` for a prefill (as `LlamaCppModel`'s n_batch)
 N_BATCH = 512
@@ -294,7 +300,7 @@ class LlamaCppBatchModel:
             done = offset[0] if offset else 0
             n_past = len(self._views[slot].tokens) + done
             rows = [(slot, t, n_past + i, i >= len(tokens) - keep) for i, t in enumerate(tokens)]
-            if keep <= 1 and (len(tokens) > INVARIANT_ROWS or done > 0):
+            if is_prefill(len(tokens), keep) or (keep <= 1 and done > 0):   # done > 0: a later piece
                 for s in range(0, len(rows), N_BATCH):
                     self._run(rows[s:s + N_BATCH], kept, reference=False)
             else:
