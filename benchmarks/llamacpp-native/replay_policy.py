@@ -99,8 +99,8 @@ class Curve:
 class ReplayLM(CausalLM):
     """A model whose next token after a prefix of `path` is the path's next token.
 
-    Id vocab_size - 1 (not in the path) is what it predicts off the path. `hit(position)` decides whether it predicts the path at all
-    there (the draft stand-in misses some positions)."""
+    Id vocab_size - 1 (not in the path) is what it predicts off the path. `hit(position)`
+    decides whether it predicts the path at all there (the draft stand-in misses some)."""
 
     def __init__(self, path: list[int], vocab_size: int, cost, clock: SimClock, *, eos: frozenset[int],
                  hit=lambda position: True, name: str = "replay") -> None:
@@ -134,7 +134,7 @@ class ReplayLM(CausalLM):
         pass
 
 
-def methods(draft_alpha: float) -> dict[str, callable]:
+def methods() -> dict[str, callable]:
     """Method name -> drafters factory (as bench's rows)."""
     return {"verispec-suffix": lambda d: {"suffix": SuffixDrafter()},
             "verispec-lookup": lambda d: {"lookup": LookupDrafter()},
@@ -171,7 +171,7 @@ def main() -> None:
     wanted = set(args.categories.split(",")) if args.categories else {r["category"] for r in rows}
     questions = {q.id: q for q in load_prompts(dataset_path(args.dataset), sorted(wanted), 10**6)}
     plain = [r for r in rows if r["method"] == "plain" and r["turn"] == 1 and r["question_id"] in questions]
-    chosen = {m: f for m, f in methods(args.draft_alpha).items() if m in args.methods.split(",")}
+    chosen = {m: f for m, f in methods().items() if m in args.methods.split(",")}
     eos_ids = sorted(tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
 
     clock = SimClock()
@@ -180,7 +180,6 @@ def main() -> None:
         q = questions[r["question_id"]]
         prompt, out = encode(tok, q.text, len(tok)), list(r["token_ids"])
         vocab = max(len(tok), max(prompt + out) + 2)   # the target's vocabulary: warps cost what they cost
-        ids = {t: t for t in prompt + out}
         path = prompt + out
         eos = frozenset(eos_ids)
         coin = random.Random(q.id)
@@ -201,11 +200,11 @@ def main() -> None:
                         d.model = draft
                     d.reset()
                 if not policy.calibrated:
-                    policy.calibrate(target, [ids[t] for t in prompt], clock=clock)
+                    policy.calibrate(target, prompt, clock=clock)
                     target.reset()   # every method starts from an empty cache (bench does too)
                 policy.start(len(out))
             t0 = clock.noiseless()
-            res = decode(target, [ids[t] for t in prompt], policy, sampling=SamplingConfig(),
+            res = decode(target, prompt, policy, sampling=SamplingConfig(),
                          max_new_tokens=len(out), rng=SeededRandomness(0))
             seconds = clock.noiseless() - t0
             assert res.tokens == path[len(prompt):], f"{method} q{q.id}: replay left the plain output"
@@ -216,7 +215,8 @@ def main() -> None:
             totals[key]["tokens"] += len(out)
             totals[key]["forwards"] += st.target_forwards
             if args.verbose:
-                print(f"{q.category[:12]:12s} q{q.id:<6d} {method:16s} {seconds:7.2f}s  fwd {st.target_forwards:4d}  {by}")
+                print(f"{q.category[:12]:12s} q{q.id:<6d} {method:16s} {seconds:7.2f}s  "
+                      f"fwd {st.target_forwards:4d}  {by}")
     cats = sorted({c for c, _ in totals}) + ["overall"]
     names = ["plain", *chosen]
     for key in list(totals):
