@@ -1,5 +1,5 @@
 """The adaptive policy never writes a drafter off for one early rejection (decaying prior),
-and compares drafters on the goodput they delivered, not on acceptance alone.
+and prices each drafter's rounds at what they took (round overhead), not on acceptance alone.
 
 The policy is driven with scripted `RoundRecord`s and a seeded cost curve (no model, no
 wall clock): what it chooses depends only on what it observed.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from verispec.decoding import RoundRecord
@@ -100,44 +101,72 @@ class ScriptedClock:
         return self.now
 
 
-def test_goodput_below_prediction_lowers_a_drafters_price_and_the_other_wins():
+def test_round_overhead_raises_a_drafters_price_and_the_other_wins():
+    """Two drafters with the same acceptance; "slow"'s rounds take 2 plain steps beyond
+    their timed forwards (bookkeeping the curve misses), "fast"'s only what plain rounds
+    take: the overhead is priced into each, and "fast" wins."""
     clock = ScriptedClock()
     policy = _policy("slow", "fast", clock=clock)
-    assert policy.goodput_factor("slow") == policy.goodput_factor("fast") == 1.0
-    seen = set()
-    for _ in range(40):
+    assert policy.costs.round_overhead("slow") == policy.costs.round_overhead("fast") == 0.0
+    seen = []
+    for _ in range(80):
         drafter, k = policy.choose([1, 2, 3])
         if drafter is None:
-            clock.now += T1 * 1.2                    # plain rounds: 20 % overhead over T_t(1)
+            clock.now += T1 * 1.2                    # plain rounds: 0.2 T_t(1) of overhead
             _plain(policy)
             continue
-        seen.add(drafter.name)
-        curve = policy.costs.curve(drafter.name)
-        priced = k * curve.draft_time + curve.target_times[k]
-        # the same acceptance for both; "slow"'s rounds take 3x the wall time the curve
-        # prices (per-draft overheads it misses), "fast"'s the same 20 % as plain rounds
-        clock.now += priced * (3.0 if drafter.name == "slow" else 1.2)
+        seen.append(drafter.name)
+        timed = k * CURVE.draft_time + CURVE.target_times[k]
+        clock.now += timed + T1 * (2.0 if drafter.name == "slow" else 0.2)
         _drafted(policy, drafter.name, k, [0.9] * k, k)
-    assert seen == {"slow", "fast"}
-    assert policy.goodput_factor("slow") < 0.9 and policy.goodput_factor("fast") > 0.99
+    assert set(seen) == {"slow", "fast"}
+    assert seen.count("fast") > 3 * seen.count("slow")     # "slow" only re-tried as its cost fades
+    assert abs(policy.costs.round_overhead(None) - 0.2 * T1) < 1e-9
+    assert abs(policy.costs.round_overhead("fast") - 0.2 * T1) < 1e-9
+    assert policy.costs.round_overhead("slow") > policy.costs.round_overhead("fast")
     curve = policy.costs.curve("slow")
-    assert policy.predict("slow", 4) == curve.speedup(policy.alphas("slow", 4), 4) * policy.goodput_factor("slow")
-    # at equal acceptance estimates, the drafter that delivered its prediction wins
+    assert curve.target_times[0] == pytest.approx(CURVE.target_times[0] + policy.costs.round_overhead(None))
+    assert curve.target_times[4] == pytest.approx(CURVE.target_times[4] + policy.costs.round_overhead("slow"))
+    # at equal acceptance estimates, the drafter whose rounds cost what they were priced wins
     policy.estimates.positional["fast"] = copy.deepcopy(policy.estimates.positional["slow"])
     assert policy.predict("fast", 4) > policy.predict("slow", 4)
     assert policy.choose([1, 2, 3])[0].name == "fast"
 
 
-def test_without_a_clock_there_is_no_goodput_correction():
+def test_one_slow_round_is_forgotten_and_the_drafter_comes_back():
+    """A first drafted round that took 5 plain steps more than its forwards (lazy set-up)
+    prices the drafter out, but the overhead fades back towards the plain rounds' while it
+    sits out (it was a ratio kept only by drafted rounds, so such a drafter never came back)."""
+    clock = ScriptedClock()
+    policy = _policy("model", clock=clock)
+    drafter, k = policy.choose([1, 2, 3])
+    assert drafter is not None
+    clock.now += k * CURVE.draft_time + CURVE.target_times[k] + 5 * T1
+    _drafted(policy, "model", k, [0.9] * k, k)
+    chosen = []
+    for _ in range(120):
+        drafter, k = policy.choose([1, 2, 3])
+        chosen.append("none" if drafter is None else drafter.name)
+        if drafter is None:
+            clock.now += T1
+            _plain(policy)
+        else:
+            clock.now += k * CURVE.draft_time + CURVE.target_times[k]
+            _drafted(policy, "model", k, [0.9] * k, k)
+    assert chosen[0] == "none"                      # priced out right after the slow round
+    assert chosen[-20:].count("model") >= 15        # and back once it has faded
+
+
+def test_without_a_clock_there_is_no_round_overhead():
     policy = _policy("slow")
     _run(policy, 30, 0.9)
-    assert policy.goodput_factor("slow") == 1.0
+    assert policy.costs.round_overhead("slow") == policy.costs.round_overhead(None) == 0.0
 
 
-def test_plain_goodput_under_load_waits_for_t1_and_prices_the_loaded_step():
+def test_overhead_under_load_needs_no_t1():
     """A batched request's plain rounds are filed under 1 + R rows, so T_t(1) may be unknown
-    when the first one ends: the goodput correction must wait (it raised ValueError, found by
-    the batching driver), and under B sequences price the plain step as T_t(B)."""
+    when the first one ends: learning its overhead must not need it (the goodput ratio it
+    replaced raised ValueError there, found by the batching driver)."""
     clock = ScriptedClock()
     policy = AdaptivePolicy({"d": Fake("d")}, probe_every=10_000, clock=clock)
     policy.start(None)
@@ -145,11 +174,62 @@ def test_plain_goodput_under_load_waits_for_t1_and_prices_the_loaded_step():
     policy.choose([1, 2, 3])
     clock.now += 2 * T1
     _plain(policy)                                   # T_t(1) unknown: must not raise
-    assert policy.plain_goodput.weight == 0
-    policy.costs.set_load(sequences=1, other_rows=0)
-    policy.seed_costs(CURVE, "d")
-    policy.costs.set_load(sequences=2, other_rows=0)
-    policy.choose([1, 2, 3])
-    clock.now += policy.costs.target(2)
-    _plain(policy)
-    assert policy.plain_goodput.weight > 0 and abs(policy.plain_goodput.mean - 1.0) < 1e-9
+    assert not policy.costs.ready
+    assert abs(policy.costs.round_overhead(None) - (2 * T1 - T1)) < 1e-9
+
+
+# -- lock-outs found by replaying the policy on a noisy clock --------------------------------
+# (benchmarks/llamacpp-native/replay_policy.py: in half the seeded replays a drafter never
+# drafted again in a copy-heavy text it would have sped up 1.3x)
+
+def test_a_well_measured_t1_is_not_capped_by_two_rarely_measured_widths():
+    from verispec.policy import OnlineCostCurve
+    costs = OnlineCostCurve(["d"], 9, decay=0.9, explore_slope=0.1, margin=0.03)
+    for _ in range(30):
+        costs.observe_target(1, 1.0)         # plain rounds: most rounds
+    costs.observe_target(2, 1.5)
+    costs.observe_target(3, 2.2)             # one noisy-high T_t(3): the line gives 0.8
+    assert costs.single_step() == pytest.approx(1.0)
+    thin = OnlineCostCurve(["d"], 9, decay=0.9, explore_slope=0.1, margin=0.03)
+    for n, seconds in ((1, 3.0), (2, 1.5), (3, 2.0)):   # a single hiccup in T_t(1): capped
+        thin.observe_target(n, seconds)
+    assert thin.single_step() == pytest.approx(1.0)
+
+
+def test_cells_taught_by_prose_do_not_keep_a_drafter_from_a_copy_heavy_text():
+    from verispec.drafters.base import Confidence
+    from verispec.policy.alphas import AlphaEstimates
+    est = AlphaEstimates({"suffix": 0.6}, 8, decay=0.9, evidence_decay=0.98, prior_weight=3.0)
+    match = [Confidence(1.0, 10, 1)] * 3      # a 10-token match seen once
+    for _ in range(60):                       # prose: such matches are mostly wrong
+        est.observe("suffix", [0.3, 0.3, 0.3], 1, match)
+    assert est.estimate("suffix", 1, match)[0] < 0.35
+    est.carry_over(0.3)                       # a new text: a copy-heavy edit
+    for _ in range(3):                        # three probes, every draft accepted
+        est.observe("suffix", [1.0, 1.0, 1.0], 3, match)
+    cell_only = est.evidence["suffix"].estimate(match[0], 0.6, 3.0)
+    assert cell_only < 0.55                   # the cell alone still says: do not draft
+    assert est.estimate("suffix", 1, match)[0] > 0.75      # with the text's own residuals: draft
+    for _ in range(200):                      # sitting out: the offset fades, the cell stays
+        est.relax("suffix", 0.97)
+    assert est.estimate("suffix", 1, match)[0] == pytest.approx(cell_only, abs=0.01)
+
+
+def test_a_probe_drafts_the_shortest_k_that_would_pay():
+    """On a CPU-like curve (each verified row half a step) a probe of a drafter whose α̂ is
+    low drafts 1 token, not the k that would pay most: a rejected probe costs its rows."""
+    curve = CostCurve(tuple(T1 * (1 + 0.5 * i) for i in range(9)), 0.0)
+    policy = AdaptivePolicy({"d": Fake("d", alpha_prior=0.2)}, probe_every=4)
+    policy.seed_costs(curve, "d")
+    policy.start(None)
+    optimistic = [policy.predict("d", k, policy.probe_alpha) for k in range(1, 9)]
+    assert max(range(8), key=optimistic.__getitem__) > 0    # the most paying k is longer
+    ks = []
+    for _ in range(40):
+        drafter, k = policy.choose([1, 2, 3])
+        if drafter is None:
+            _plain(policy)
+            continue
+        ks.append(k)
+        _drafted(policy, "d", k, [0.0] * k, 0, seconds=curve.target_times[k])
+    assert ks and set(ks) == {1}

@@ -15,25 +15,26 @@ cost ratio c; `theory.CostCurve.speedup` on the prices of `costs.OnlineCostCurve
   measure T_t(1) as the context grows, and when fewer than 2 tokens of budget are left;
 * else the best (d, k) if its S > 1 + margin and its catch-up pays (`budget.Budget`);
 * else, after `probe_every` plain rounds in a row, a *probe*: the drafters in turn, each
-  with the k that would pay were α̂ at least `probe_alpha`, if that S would beat
-  1 + margin, its catch-up would pay and it fits the exploration ration. Each probe
-  doubles the interval to the next (up to 64 rounds) until drafting pays again.
+  with the shortest k whose S would beat 1 + margin were α̂ at least `probe_alpha`, if
+  its catch-up would pay and it fits the exploration ration. Each probe doubles the
+  interval to the next (up to 64 rounds) until drafting pays again. (A probe is for
+  learning α: a long one, k = 3..8, lost 1.5..3.5 plain steps when rejected where each
+  verified row costs half a step, as on a 2-core CPU, on texts where nothing pays.)
 
 Two corrections keep `auto` from losing what a single drafter wins:
 
-* a decaying prior: every round a drafter does not draft, its positional α̂ keep
-  `relax` of their weight (`AlphaEstimates.relax`), so after an early rejection α̂
-  drifts back towards the prior and the drafter is tried again (it is not written off
-  for the rest of the text);
-* measured goodput (with a `clock`; `make_policy` gives it the wall clock): a round's
-  wall time from `choose` to `observe`, catch-up excluded (it has its own charge), is
-  compared with the seconds the curve priced it at (k · T_d + T_t(w(k + 1)); T_t(1) for
-  a plain round). The ratio priced / wall of a drafter's rounds, relative to that of
-  plain rounds (overheads both share cancel), is the share of its predicted goodput it
-  delivers; its predictions are scaled by that share (decayed mean, shrunk towards the
-  plain ratio with the weight of `prior_weight` rounds, never above 1), so a drafter
-  whose acceptance does not turn into tokens per second (per-draft overheads the curve
-  misses) loses to one whose does. Acceptance itself is the α̂'s job, not counted twice.
+* a decaying prior: every round a drafter does not draft, its positional α̂ (and the
+  regime offset of an evidence drafter) and its round overhead keep `relax` of their
+  weight (`AlphaEstimates.relax`, `OnlineCostCurve.relax`), so after an early rejection
+  or one slow round the drafter drifts back towards its prior and is tried again (it is
+  not written off for the rest of the text);
+* measured goodput (with a `clock`; `make_policy` gives it the wall clock): each round's
+  wall time from `choose` to `observe`, less its timed forwards and its catch-up, is the
+  round overhead the curve adds to its prices (`OnlineCostCurve.observe_overhead`: o_0
+  for plain rounds, o_d per drafter), so a drafter whose rounds carry costs its T_d and
+  T_t miss (bookkeeping, warping k + 1 rows) is priced at what its rounds really take,
+  and loses to one whose acceptance turns into tokens per second. Acceptance itself is
+  the α̂'s job, not counted twice.
 
 A round teaches the estimates only if all its measurements are finite (a request with
 broken numerics must not change how later requests are drafted): see `observe`.
@@ -54,7 +55,6 @@ from .alphas import AlphaEstimates
 from .budget import Budget
 from .calibration import time_drafters, time_target
 from .costs import OnlineCostCurve
-from .decayed import Decayed
 
 __all__ = ["AdaptivePolicy", "check_k_max"]
 
@@ -86,7 +86,8 @@ class AdaptivePolicy(Policy):
             (weighted as `prior_weight` observations).
         prior_weight: weight of the prior (and of the previous position's α), in observations.
         probe_every: plain rounds in a row before the first probe (rounds).
-        probe_alpha: the α a probe assumes when choosing its k, in [0, 1].
+        probe_alpha: the α a probe assumes when judging whether, and with which k, it
+            would pay, in [0, 1].
         explore_slope: relative cost per extra token guessed for unmeasured T_t(n).
         refresh_every: drafted rounds between plain rounds that refresh T_t(1).
         margin: predicted speedup a choice must beat plain decoding by.
@@ -99,7 +100,7 @@ class AdaptivePolicy(Policy):
         relax: weight a drafter's positional α̂ keep per round it does not draft,
             in [0, 1] (1 = never forget a rejection).
         clock: seconds (e.g. `time.perf_counter`) to measure each round's wall time for
-            the goodput correction; None: no correction (predictions from the curve alone).
+            the round overhead; None: no overhead (prices from the timed forwards alone).
 
     Raises:
         ValueError: for k_max < 1, decay outside (0, 1), or explore_fraction,
@@ -123,14 +124,12 @@ class AdaptivePolicy(Policy):
         self.k_max, self.margin, self.carry, self.relax = k_max, margin, carry, relax
         self.prior_weight, self.decay = prior_weight, decay
         self.clock, self._started = clock, None
-        self.goodput = {name: Decayed() for name in self.drafters}   # priced / wall seconds
-        self.plain_goodput = Decayed()                                # the same, plain rounds
         self.probe_every, self.probe_alpha, self.refresh_every = probe_every, probe_alpha, refresh_every
         priors = {name: getattr(d, "alpha_prior", alpha_prior) for name, d in self.drafters.items()}
         self.estimates = AlphaEstimates(priors, k_max, decay=decay, evidence_decay=evidence_decay,
                                         prior_weight=prior_weight)
         self.costs = OnlineCostCurve(self.drafters, k_max + 1, decay=decay, explore_slope=explore_slope,
-                                     margin=margin)
+                                     margin=margin, prior_weight=prior_weight)
         self.budget = Budget(self.drafters, explore_fraction=explore_fraction, decay=decay)
         # the optional parts each drafter has (asked once: a runtime Protocol check is slow)
         self.evidence_of = {name for name, d in self.drafters.items() if isinstance(d, SupportsConfidences)}
@@ -141,8 +140,8 @@ class AdaptivePolicy(Policy):
         self.plain_streak = 0
         self.rounds_since_plain = 0
         self.probing: str | None = None      # the drafter this round probes
-        # (name, evidence, missing, the round's seconds the curve predicted)
-        self._round: tuple[str, list[Confidence] | None, int, float] | None = None
+        # (name, evidence, catch-up tokens missing) of the round `choose` drafted
+        self._round: tuple[str, list[Confidence] | None, int] | None = None
 
     # -- generations and calibration -----------------------------------------------------
     def start(self, max_new_tokens: int | None = None) -> None:
@@ -212,8 +211,8 @@ class AdaptivePolicy(Policy):
     def predict(self, name: str, k: int, floor: float = 0.0,
                 evidence: Sequence[Confidence] | None = None) -> float:
         """Predicted speedup S of drafting k tokens with drafter `name` (1.0 for k = 0;
-        1 + 2·margin, "try it", before its costs are known). `floor`, `evidence`: as in
-        `alphas`.
+        1 + 2·margin, "try it", before its costs are known), on the curve with the round
+        overheads (`OnlineCostCurve.curve`). `floor`, `evidence`: as in `alphas`.
 
         Raises:
             KeyError: if `name` is not one of the policy's drafters.
@@ -223,17 +222,7 @@ class AdaptivePolicy(Policy):
         curve = self.costs.curve(name)
         if curve is None:
             return 1.0 + self.margin * 2
-        return curve.speedup(self.alphas(name, k, evidence, floor), k) * self.goodput_factor(name)
-
-    def goodput_factor(self, name: str) -> float:
-        """How much of its predicted goodput drafter `name` has delivered: the decayed mean
-        of predicted / measured round seconds over its drafted rounds, shrunk towards 1 with the weight
-        of `prior_weight` rounds, at most 1 (1.0 before any round)."""
-        g, plain = self.goodput[name], self.plain_goodput
-        if not g.weight:
-            return 1.0
-        base = plain.mean if plain.weight else 1.0
-        return min(1.0, (g.total + self.prior_weight * base) / (g.weight + self.prior_weight) / base)
+        return curve.speedup(self.alphas(name, k, evidence, floor), k)
 
     def catchup_charge(self, name: str, seq: Sequence[int]) -> tuple[float, int]:
         """(seconds, tokens) of the catch-up drafter `name` needs before drafting after
@@ -298,8 +287,8 @@ class AdaptivePolicy(Policy):
         return best
 
     def _probe(self, offers: dict[str, Offer], seq: Sequence[int]) -> tuple[str, int] | None:
-        """The next drafter in turn worth probing, with the k that would pay most if its
-        α̂ were at least `probe_alpha`; None when none is worth it or fits the ration."""
+        """The next drafter in turn worth probing, with the shortest k that would pay if
+        its α̂ were at least `probe_alpha`; None when none is worth it or fits the ration."""
         names = list(self.drafters)
         turn = self.probes % len(names)
         for name in names[turn:] + names[:turn]:
@@ -307,7 +296,8 @@ class AdaptivePolicy(Policy):
             if limit <= 0:
                 continue
             optimistic = [self.predict(name, k, self.probe_alpha, evidence) for k in range(1, limit + 1)]
-            k = 1 + max(range(limit), key=optimistic.__getitem__)
+            best = 1 + max(range(limit), key=optimistic.__getitem__)
+            k = next(j for j in range(1, best + 1) if optimistic[j - 1] > 1.0 + self.margin or j == best)
             if self._worth_probing(name, optimistic[k - 1], seq):
                 return name, k
         return None
@@ -322,9 +312,7 @@ class AdaptivePolicy(Policy):
 
     def _draft(self, name: str, k: int, offers: dict[str, Offer], seq: Sequence[int]) -> tuple[Drafter, int]:
         """Remember what this round drafts (for `observe`) and return it."""
-        curve = self.costs.curve(name)
-        predicted = k * curve.draft_time + curve.target_times[k] if curve is not None else 0.0
-        self._round = (name, offers[name][1], self.catchup_charge(name, seq)[1], predicted)
+        self._round = (name, offers[name][1], self.catchup_charge(name, seq)[1])
         return self.drafters[name], k
 
     # -- learning ------------------------------------------------------------------------
@@ -357,12 +345,13 @@ class AdaptivePolicy(Policy):
         self.costs.observe_target(record.width, record.target_seconds)
         self.rounds_since_plain = 0 if record.k == 0 else self.rounds_since_plain + 1
         wall = self._wall(record)
-        if record.k == 0 and wall is not None and self.costs.ready:
-            # priced as the plain step under the current load: T_t(B), T_t(1) when alone
-            self.plain_goodput.add(self.costs.target(self.costs.sequences) / wall, self.decay)
+        if wall is not None and (record.k == 0 or record.drafter in self.drafters):
+            self.costs.observe_overhead(record.drafter if record.k else None,
+                                        max(0.0, wall - record.target_seconds - record.draft_seconds))
         for name in self.drafters:
             if name != record.drafter or record.k == 0:
                 self.estimates.relax(name, self.relax)
+                self.costs.relax(name, self.relax)
         if record.k == 0 or record.drafter not in self.drafters:
             return
         mine = chosen is not None and chosen[0] == record.drafter   # drafted as `choose` said
@@ -372,5 +361,3 @@ class AdaptivePolicy(Policy):
         missing = chosen[2] if mine else 0
         if missing > 2 and record.catchup_seconds > 0:   # it fed missing - 1 tokens
             self.costs.observe_catchup(record.drafter, record.catchup_seconds / (missing - 1))
-        if mine and wall is not None and chosen[3] > 0:
-            self.goodput[record.drafter].add(chosen[3] / wall, self.decay)

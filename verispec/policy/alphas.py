@@ -17,10 +17,19 @@ Vocabulary (as in `verispec.theory`):
 * evidence estimate - for a drafter that reports its evidence per drafted token
   (`Confidence`: match length, frequency, support; the suffix drafter), α is learned per
   evidence cell (`Confidence.cell`) instead of per position: `EvidenceTable`.
+* regime offset δ - what the cells miss about the text at hand: the same evidence (a
+  3-token match seen once) is a good bet in a copy-heavy edit and a poor one in prose.
+  Per evidence drafter, a decayed mean (at the positional `decay`) of the residuals
+  α_i - α̂_cell(i) at its verified positions, shrunk towards 0 with the weight of
+  `prior_weight` observations; the estimate is clip(α̂_cell + δ, 0, 1). Without it, cells
+  taught by earlier prose kept a drafter from a later copy-heavy text even after its
+  probes there were all accepted (`benchmarks/llamacpp-native/replay_policy.py`).
 
-Between generations the positional means keep `carry` of their weight (the previous
-text is a weak prior for the next); the evidence tables are kept whole (they describe
-the model pair, not the text, and follow drift through their slower decay).
+Between generations the positional means and the regime offsets keep `carry` of their
+weight (the previous text is a weak prior for the next); the evidence tables are kept
+whole (they describe the model pair, not the text, and follow drift through their slower
+decay). A round in which a drafter does not draft relaxes its positional means and its
+offset alike (`relax`).
 
 Guard: a round whose exact α is not finite (a request with broken numerics, e.g.
 temperature 1e-310) is refused whole (`AlphaEstimates.accepts`), and `Decayed` refuses
@@ -56,13 +65,11 @@ class EvidenceTable:
         self.cells.setdefault(cell, Decayed()).add(alpha, decay)
         self.lengths.setdefault(cell[0], Decayed()).add(alpha, decay)
 
-    def estimate(self, confidence: Confidence, base: float, weight: float, floor: float = 0.0) -> float:
-        """α for a drafted token with this evidence; `floor` raises the shrinkage target
-        (optimistic probes), so only cells without much data of their own look good."""
+    def estimate(self, confidence: Confidence, base: float, weight: float) -> float:
+        """α for a drafted token with this evidence (in [0, 1])."""
         cell = confidence.cell
         row = self.lengths.get(cell[0])
         prior = base if row is None else (row.total + weight * base) / (row.weight + weight)
-        prior = max(prior, floor)
         stat = self.cells.get(cell)
         return prior if stat is None else (stat.total + weight * prior) / (stat.weight + weight)
 
@@ -85,6 +92,7 @@ class AlphaEstimates:
         self.decay, self.evidence_decay, self.prior_weight = decay, evidence_decay, prior_weight
         self.positional = {name: [Decayed() for _ in range(k_max)] for name in self.priors}
         self.evidence = {name: EvidenceTable() for name in self.priors}
+        self.regime = {name: Decayed() for name in self.priors}   # δ: residuals of the cells
 
     @staticmethod
     def accepts(alphas: Iterable[float]) -> bool:
@@ -100,23 +108,33 @@ class AlphaEstimates:
             name: a drafter of the policy.
             k: draft length (<= K; fewer values come back for a shorter `evidence`).
             evidence: the drafter's `confidences` for this proposal (len >= k): α̂_i from
-                the evidence table, base guess min(alpha_prior, frequency_i); None: per
-                position.
-            floor: raise each estimate (per position) or each cell's shrinkage target
-                (evidence) to at least this: an optimistic probe.
+                the evidence table (base guess min(alpha_prior, frequency_i)) plus the
+                regime offset δ, clipped to [0, 1]; None: per position.
+            floor: raise each estimate to at least this: an optimistic probe.
 
         Raises:
             KeyError: if `name` is not one of the drafters.
         """
         base = self.priors[name]
         if evidence is not None:
-            table, weight = self.evidence[name], self.prior_weight
-            return [table.estimate(c, min(base, c.frequency), weight, floor) for c in evidence[:k]]
+            cells = self._cells(name, evidence[:k])
+            offset = self.offset(name)
+            return [max(min(max(a + offset, 0.0), 1.0), floor) for a in cells]
         out, previous = [], base
         for stat in self.positional[name][:k]:
             previous = (stat.total + self.prior_weight * previous) / (stat.weight + self.prior_weight)
             out.append(max(previous, floor))
         return out
+
+    def _cells(self, name: str, evidence: Sequence[Confidence]) -> list[float]:
+        """α̂_cell of each drafted token's evidence (no offset, no floor)."""
+        table, base = self.evidence[name], self.priors[name]
+        return [table.estimate(c, min(base, c.frequency), self.prior_weight) for c in evidence]
+
+    def offset(self, name: str) -> float:
+        """δ of drafter `name`: its residuals' decayed mean shrunk towards 0 (0 before any)."""
+        regime = self.regime[name]
+        return regime.total / (regime.weight + self.prior_weight)
 
     def observe(self, name: str, alphas: Sequence[float], verified: int,
                 evidence: Sequence[Confidence] | None = None) -> bool:
@@ -138,7 +156,9 @@ class AlphaEstimates:
         for i in range(verified):
             self.positional[name][i].add(alphas[i], self.decay)
         if evidence is not None:
-            for i in range(min(verified, len(evidence))):
+            n = min(verified, len(evidence))
+            for i, predicted in enumerate(self._cells(name, evidence[:n])):
+                self.regime[name].add(alphas[i] - predicted, self.decay)
                 self.evidence[name].add(evidence[i], alphas[i], self.evidence_decay)
         return True
 
@@ -146,12 +166,16 @@ class AlphaEstimates:
         """Drafter `name` went a round without drafting: its positional means keep `factor`
         (in [0, 1]) of their weight, so α̂ drifts back towards its prior (a decaying prior:
         one early rejection is not a verdict for the rest of the text; the drafter is
-        re-tried once the evidence against it has faded)."""
+        re-tried once the evidence against it has faded); its regime offset fades alike."""
         for stat in self.positional[name]:
             stat.scale(factor)
+        self.regime[name].scale(factor)
 
     def carry_over(self, carry: float) -> None:
-        """A new generation: the positional means keep `carry` (in [0, 1]) of their weight."""
+        """A new generation: the positional means and the regime offsets keep `carry` (in
+        [0, 1]) of their weight."""
         for stats in self.positional.values():
             for stat in stats:
                 stat.scale(carry)
+        for regime in self.regime.values():
+            regime.scale(carry)

@@ -13,12 +13,23 @@ Vocabulary (as in `verispec.theory`; all times in seconds):
   exactness (causal attention), so a verification of n tokens costs T_t(w(n)).
 * T_d - seconds per drafted token, per drafter; catch-up - seconds per context token a
   drafter must read before drafting (a draft model after the prompt or plain rounds).
+* round overhead o - a round's wall seconds beyond its timed forwards (wall - T_t(w) -
+  k·T_d, catch-up excluded): the loop, the drafter's own bookkeeping, warping k + 1 rows
+  of logits, the acceptance rule. One decayed mean for plain rounds (o_0) and one per
+  drafter, shrunk towards o_0 with the weight of `prior_weight` rounds (o_d; o_0 before
+  its first round), whose weight fades by `relax` for every round the drafter sits out (a
+  slow first round - lazy set-up, a cold cache - is not a verdict for good). It is
+  measured on the round itself, so the
+  forwards' jitter cancels, and it is unbiased by the choice (a per-drafter ratio of
+  predicted to wall seconds, tried before, was biased low by choosing the k whose T_t
+  estimate is noisily low, and kept drafters away after one slow round).
 
 Its prices come out as a `verispec.theory.CostCurve` (`curve(drafter)`): T_t(1), guarded
 against a noisy single-token time (not above the line through T_t(2), T_t(3)), and
 T_t(w(n)) for n = 2..n_max, with that drafter's T_d; the speedup and the best k are then
 the CostCurve's (Leviathan et al. 2023, Theorem 3.8, with the measured curve in place of
-the constant cost ratio c). `from_curve` seeds the model with a curve measured elsewhere
+the constant cost ratio c), each round's overhead added to its forward: T_t(1) + o_0 and
+T_t(w(n)) + o_d. `from_curve` seeds the model with a curve measured elsewhere
 (`verispec analyze`, `verispec.cost.measure_cost_curve`, a planner's prediction), so the
 policy, the analysis and the planner share one abstraction.
 
@@ -55,25 +66,29 @@ class OnlineCostCurve:
         decay: weight of the past per new observation, in (0, 1).
         explore_slope: relative cost per extra token guessed for an unmeasured T_t(n).
         margin: relative gain a wider verification must bring to be used.
+        prior_weight: weight of o_0 in a drafter's round overhead, in rounds.
 
     Attributes:
         target_cost: n -> decayed mean of T_t(n) (measured widths only).
         draft_cost: drafter -> decayed mean of T_d (seconds per drafted token).
         catchup_cost: drafter -> decayed mean of seconds per caught-up context token.
+        overhead: drafter (None: plain rounds) -> decayed mean of round overhead seconds.
     """
 
     def __init__(self, drafters: Iterable[str], n_max: int, *, decay: float, explore_slope: float,
-                 margin: float) -> None:
+                 margin: float, prior_weight: float = 3.0) -> None:
         self.n_max, self.decay, self.explore_slope, self.margin = n_max, decay, explore_slope, margin
+        self.prior_weight = prior_weight
         self.target_cost: dict[int, Decayed] = {}
         self.draft_cost = {name: Decayed() for name in drafters}
         self.catchup_cost = {name: Decayed() for name in self.draft_cost}
+        self.overhead: dict[str | None, Decayed] = {name: Decayed() for name in (None, *self.draft_cost)}
         self._curves: dict[str, CostCurve] = {}   # per drafter, until the next observation or load
         self.sequences, self.other_rows = 1, 0     # the load (`set_load`)
 
     @classmethod
     def from_curve(cls, curve: CostCurve, drafter: str, *, n_max: int | None = None, decay: float = 0.9,
-                   explore_slope: float = 0.1, margin: float = 0.03) -> "OnlineCostCurve":
+                   explore_slope: float = 0.1, margin: float = 0.03) -> OnlineCostCurve:
         """A model whose first observations are a measured curve: T_t(n) for the curve's
         n = 1..K+1 (up to `n_max`, default K+1), and its T_d for `drafter`."""
         n_max = n_max or len(curve.target_times)
@@ -141,6 +156,34 @@ class OnlineCostCurve:
             return False
         return self.catchup_cost[name].add(seconds_per_token, self.decay)
 
+    def observe_overhead(self, name: str | None, seconds: float) -> bool:
+        """A round of drafter `name` (None: a plain round) spent `seconds` beyond its timed
+        forwards; False (refused) unless finite and >= 0."""
+        if name not in self.overhead or not self.accepts(1.0, seconds):
+            return False
+        if name is None:
+            self._curves.clear()
+        else:
+            self._curves.pop(name, None)
+        return self.overhead[name].add(seconds, self.decay)
+
+    def round_overhead(self, name: str | None) -> float:
+        """o_d of drafter `name` (None: o_0 of plain rounds), seconds: its decayed mean
+        shrunk towards o_0 with the weight of `prior_weight` rounds; o_0 is 0 before the
+        first plain round."""
+        plain = self.overhead[None]
+        base = plain.mean if plain.weight else 0.0
+        stat = self.overhead.get(name) if name is not None else None
+        if stat is None or not stat.weight:
+            return base
+        return (stat.total + self.prior_weight * base) / (stat.weight + self.prior_weight)
+
+    def relax(self, name: str, factor: float) -> None:
+        """Drafter `name` sat a round out: its round overhead keeps `factor` (in [0, 1]) of
+        its weight, drifting back towards o_0."""
+        self.overhead[name].scale(factor)
+        self._curves.pop(name, None)
+
     # -- prices ------------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
@@ -186,23 +229,26 @@ class OnlineCostCurve:
 
     def single_step(self) -> float:
         """T_t(1) as priced (T_t(B) under a load of B sequences): not above the line through
-        T_t(2B), T_t(3B) when both are measured (a noisy single-token time must not make
-        drafting look good).
+        T_t(2B), T_t(3B) while it rests on no more observations than either (a noisy single-token
+        time must not make drafting look good). Once T_t(1) is the better measured (plain
+        rounds are most rounds) it stands: capping it by two rarely measured widths made a
+        noisily high T_t(3) price every draft out for good (2·T_t(2) - T_t(3) came out 12 %
+        under T_t(1) on a 2-core CPU, whose curve is nearly a line).
 
         Raises:
             ValueError: before T_t(1) is known.
         """
         b = self.sequences
         t1 = self.target(b)
-        if 2 * b in self.target_cost and 3 * b in self.target_cost:
-            t2, t3 = self.target_cost[2 * b].mean, self.target_cost[3 * b].mean
-            t1 = min(t1, max(2 * t2 - t3, 0.25 * t2))
+        one, two, three = (self.target_cost.get(n * b) for n in (1, 2, 3))
+        if two is not None and three is not None and (one is None or one.weight <= min(two.weight, three.weight)):
+            t1 = min(t1, max(2 * two.mean - three.mean, 0.25 * two.mean))
         return t1
 
     def curve(self, name: str) -> CostCurve | None:
         """The prices of drafting with `name` as a `CostCurve`: target_times[0] the guarded
-        T_t(1), target_times[n-1] = T_t(w(n)) for n = 2..n_max, draft_time its T_d (under a
-        load of B sequences: T_t(B) and T_t(B·w(n)), the planner's batch maths).
+        T_t(1) + o_0, target_times[n-1] = T_t(w(n)) + o_d for n = 2..n_max, draft_time its
+        T_d (under a load of B sequences: T_t(B) and T_t(B·w(n)), the planner's batch maths).
         None while T_t(1) or its T_d is unknown."""
         curve = self._curves.get(name)
         if curve is None:
@@ -210,8 +256,9 @@ class OnlineCostCurve:
             if not self.ready or t_d is None:
                 return None
             b = self.sequences
-            times = [self.single_step()] + [self.target(b * self.verify_width(n))
-                                            for n in range(2, self.n_max + 1)]
+            plain, drafted = self.round_overhead(None), self.round_overhead(name)
+            times = [self.single_step() + plain] + [self.target(b * self.verify_width(n)) + drafted
+                                                    for n in range(2, self.n_max + 1)]
             curve = self._curves[name] = CostCurve(tuple(times), t_d)
         return curve
 
