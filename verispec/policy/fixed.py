@@ -61,7 +61,7 @@ def make_policy(k: int | str, drafters: dict[str, Drafter], *, k_max: int = 8, *
     """
     check_k_max(k_max)
     if k == "auto":
-        kwargs.setdefault("clock", time.perf_counter)   # the goodput correction reads the wall clock
+        kwargs.setdefault("clock", time.perf_counter)   # the round overhead reads the wall clock
         return AdaptivePolicy(drafters, k_max=k_max, **kwargs)
     check_k(k)
     drafter = next(iter(drafters.values()), None)
