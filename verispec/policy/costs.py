@@ -180,11 +180,9 @@ class OnlineCostCurve:
 
     def relax(self, name: str, factor: float) -> None:
         """Drafter `name` sat a round out: its round overhead keeps `factor` (in [0, 1]) of
-        its weight, drifting back towards o_0 (a name it does not price: nothing)."""
-        stat = self.overhead.get(name)
-        if stat is not None:
-            stat.scale(factor)
-            self._curves.pop(name, None)
+        its weight, drifting back towards o_0."""
+        self.overhead[name].scale(factor)
+        self._curves.pop(name, None)
 
     # -- prices ------------------------------------------------------------------------------
     @property
