@@ -10,7 +10,7 @@ measured cost curve gives (T_t(n) at that context length, `--curve`, made by
 `measure_curve.py`), and everything else (drafters, policy, the loop) is timed for
 real. A stand-in draft model (for `auto`'s model drafter) proposes the plain output's
 next token with probability `--draft-alpha` per position (a seeded coin per position)
-at the measured T_d; its catch-up costs `--draft-prefill` seconds per token.
+at the measured T_d; its catch-up costs the curve's draft prefill seconds per token.
 
 With `--noise`, every forward's seconds carry a random jitter the policy sees (its
 clock and its cost estimates), while each method is scored on the noiseless cost of the
