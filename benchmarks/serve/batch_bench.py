@@ -59,7 +59,8 @@ def verispec_cmd(args, n: int, port: int, invariant: bool) -> list[str]:
     return [sys.executable, "-m", "verispec.cli", "serve", "--backend", "llamacpp", "--target", args.target,
             "--draft", args.draft, "--k", args.k, "--port", str(port), "--max-seqs", str(n), "--max-queue", "256",
             "--threads", str(args.threads),
-            "--suffix-cache-size", "0", "--no-prefix-reuse", *([] if invariant else ["--no-batch-invariant"])]
+            "--suffix-cache-size", "0", "--no-prefix-reuse", *([] if invariant else ["--no-batch-invariant"]),
+            *(["--drafter", args.drafter] if args.drafter else [])]
 
 
 def llama_cmd(args, n: int, port: int) -> list[str]:
@@ -125,6 +126,7 @@ def main() -> None:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="none", help="verispec's draft model ('none': suffix decoding only)")
     ap.add_argument("--k", default="auto")
+    ap.add_argument("--drafter", default=None, help="verispec serve's --drafter (default: the server's own)")
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=16, help="requests per level: Spec-Bench's first N first turns")
