@@ -44,6 +44,11 @@ _TILED_FORCE_ENV = "GGML_CPU_TILED_MM_FORCE"
 #: many tokens, so it never reaches that kernel, while a prefill (one row returned) keeps it
 INVARIANT_ROWS = 7
 _params_lock = threading.Lock()
+_warned_unsupported = False
+#: "0" keeps llama.cpp's extra buffer types (repacked / AMX weights) off outside the batch-invariant
+#: mode too, as llama-server's --no-repack does: on a VM whose CPU reports AMX that the hypervisor
+#: does not grant, the repacked AMX kernels die with SIGILL (the batch-invariant mode never uses them)
+REPACK_ENV = "VERISPEC_LLAMACPP_REPACK"
 
 
 def is_prefill(n_tokens: int, keep: int) -> bool:
@@ -52,11 +57,6 @@ def is_prefill(n_tokens: int, keep: int) -> bool:
     runs a prefill on the fast kernels, every other forward row by row as single tokens;
     callers use prefills only for tokens plain decoding prefills the same way (the prompt)."""
     return keep <= 1 and n_tokens > INVARIANT_ROWS
-_warned_unsupported = False
-#: "0" keeps llama.cpp's extra buffer types (repacked / AMX weights) off outside the batch-invariant
-#: mode too, as llama-server's --no-repack does: on a VM whose CPU reports AMX that the hypervisor
-#: does not grant, the repacked AMX kernels die with SIGILL (the batch-invariant mode never uses them)
-REPACK_ENV = "VERISPEC_LLAMACPP_REPACK"
 
 
 def use_extra_buffers(batch_invariant: bool) -> bool:
