@@ -31,6 +31,7 @@ if the real benchmark (`benchmarks/llamacpp/native_bench.py`) confirms it.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import random
@@ -46,7 +47,7 @@ from verispec.decoding import decode
 from verispec.drafters import LookupDrafter, ModelDrafter, SuffixDrafter
 from verispec.encoding import encode
 from verispec.models.base import CausalLM
-from verispec.policy import make_policy
+from verispec.policy import AdaptivePolicy, make_policy
 from verispec.prompts import dataset_path, load_prompts
 from verispec.sampling import SamplingConfig, SeededRandomness
 
@@ -162,9 +163,16 @@ def main() -> None:
     target_curve = Curve(curve_data["target"], curve_data["target_prefill"], args.noise, args.seed)
     draft_curve = Curve(curve_data["draft"], curve_data["draft_prefill"], args.noise, args.seed + 1)
     options = {}
+    known = set(inspect.signature(AdaptivePolicy).parameters) - {"drafters", "k_max", "clock"}
     for item in args.set:
-        name, value = item.split("=", 1)
-        options[name] = float(value) if "." in value or "e" in value else int(value)
+        name, _, value = item.partition("=")
+        if name not in known:
+            ap.error(f"--set {item!r}: NAME must be an AdaptivePolicy option, one of {sorted(known)}")
+        try:
+            number = float(value)
+        except ValueError:
+            ap.error(f"--set {item!r}: VALUE must be a number")
+        options[name] = int(number) if number.is_integer() and "." not in value else number
 
     tok = AutoTokenizer.from_pretrained(registry.resolve(args.target, weights=False).hf_path)
     rows = [json.loads(line) for line in Path(args.results).read_text().splitlines()]
