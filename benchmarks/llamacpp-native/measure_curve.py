@@ -38,13 +38,19 @@ def main() -> None:
     ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--prefixes", default="100,700")
     args = ap.parse_args()
+    try:
+        prefixes = [int(p) for p in args.prefixes.split(",")]
+    except ValueError:
+        ap.error(f"--prefixes {args.prefixes!r}: give comma-separated token counts, e.g. 100,700")
+    if args.k_max < 1 or any(p < 1 for p in prefixes):
+        ap.error("--k-max and every --prefixes value must be >= 1")
     target = load_model(args.target, backend="llamacpp")
     draft = load_model(args.draft, backend="llamacpp")
     context = [1000 + i % 5000 for i in range(4000)]
     out = {"command": "benchmarks/llamacpp-native/measure_curve.py", "machine": platform.processor(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "target_model": args.target, "draft_model": args.draft,
            "target": {}, "draft": {}}
-    for prefix in (int(p) for p in args.prefixes.split(",")):
+    for prefix in prefixes:
         m = measure_cost_curve(target, args.k_max, context, draft=draft, prefix_tokens=prefix, repeats=5)
         out["target"][prefix] = list(m.curve.target_times)
         out["draft"][prefix] = [m.curve.draft_time, m.draft_time_2]
