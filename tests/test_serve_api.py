@@ -189,7 +189,9 @@ def test_per_request_drafter_and_k(toy):
     drafted = lookup["metrics"]["speculative_decoding"]["num_accepted_tokens_by_drafter"]
     assert set(drafted) <= {"lookup"}
     model = complete(client, max_tokens=10, k=2, drafter="model")
-    assert set(model["metrics"]["speculative_decoding"]["num_accepted_tokens_by_drafter"]) == {"model"}
+    spec = model["metrics"]["speculative_decoding"]
+    assert set(spec["num_accepted_tokens_by_drafter"]) == {"model"}
+    assert spec["num_draft_tokens_by_drafter"] == {"model": spec["num_draft_tokens"]} and spec["num_draft_tokens"] > 0
 
 
 def test_models_health_and_metrics(toy):

@@ -70,9 +70,11 @@ def llama_cmd(args, n: int, port: int) -> list[str]:
             "--no-repack", "--metrics"]
 
 
-def request(http: httpx.Client, kind: str, url: str, ids: list[int], m: int) -> tuple[list[int], float]:
-    """One greedy request of exactly m tokens; (output ids, client seconds)."""
+def request(http: httpx.Client, kind: str, url: str, ids: list[int], m: int) -> tuple[list[int], float, dict]:
+    """One greedy request of exactly m tokens; (output ids, client seconds, verispec's draft
+    tokens per drafter: {} for llama-server)."""
     start = time.perf_counter()
+    drafted: dict = {}
     if kind == "llama-server":
         resp = http.post(url + "/completion", json={"prompt": ids, "n_predict": m, "temperature": 0,
                                                     "ignore_eos": True, "cache_prompt": False,
@@ -83,8 +85,10 @@ def request(http: httpx.Client, kind: str, url: str, ids: list[int], m: int) -> 
         resp = http.post(url + "/v1/completions", json={"prompt": ids, "max_tokens": m, "temperature": 0,
                                                         "ignore_eos": True, "return_token_ids": True})
         resp.raise_for_status()
-        out = resp.json()["choices"][0]["token_ids"]
-    return out, time.perf_counter() - start
+        body = resp.json()
+        out = body["choices"][0]["token_ids"]
+        drafted = body.get("metrics", {}).get("speculative_decoding", {}).get("num_draft_tokens_by_drafter", {})
+    return out, time.perf_counter() - start, drafted
 
 
 def level(kind: str, url: str, prompts: list[list[int]], n: int, m: int) -> list[dict]:
@@ -100,9 +104,10 @@ def level(kind: str, url: str, prompts: list[list[int]], n: int, m: int) -> list
                     if not todo:
                         return
                     p = todo.pop(0)
-                ids, seconds = request(http, kind, url, prompts[p], m)
+                ids, seconds, drafted = request(http, kind, url, prompts[p], m)
                 with lock:
-                    rows.append({"prompt": p, "ids": ids, "seconds": seconds, "end": time.perf_counter()})
+                    rows.append({"prompt": p, "ids": ids, "seconds": seconds, "drafted": drafted,
+                                 "end": time.perf_counter()})
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(n)]
     start = time.perf_counter()
@@ -186,11 +191,13 @@ def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) 
     lines = [f"Command: `{meta['command']}`  ",
              f"Date {meta['date']}; machine {meta['machine']['cpu']}, {meta['machine']['usable_cores']} usable cores, "
              f"load average at start {meta['loadavg_at_start']}; versions {meta['versions']}  ",
-             f"Servers: " + "; ".join(f"`{k}`: `{v}`" for k, v in meta["servers"].items()) + "  ",
+             "Servers: " + "; ".join(f"`{k}`: `{v}`" for k, v in meta["servers"].items()) + "  ",
              f"Greedy, ignore_eos, {meta['max_tokens']} tokens per request, {meta['requests']} requests "
              f"(one per prompt) per level shared by the clients, {meta['threads']} threads.", "",
+             "Drafted: tokens drafted per drafter, summed over the level's requests (verispec's "
+             "`num_draft_tokens_by_drafter`).", "",
              "| server | clients | requests | output tok/s | mean latency s | p95 latency s | "
-             f"ids = own N={clients[0]} | ids = {servers[0]} |", "|---|---|---|---|---|---|---|---|"]
+             f"ids = own N={clients[0]} | ids = {servers[0]} | drafted |", "|---|---|---|---|---|---|---|---|---|"]
     for n in clients:
         for kind in servers:
             got = [r for r in rows if r["server"] == kind and r["clients"] == n]
@@ -200,8 +207,14 @@ def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) 
             same = sum(r["ids"] == solo.get((kind, r["prompt"])) for r in got)
             agree = sum(r["ids"] == ref.get(r["prompt"]) for r in got)
             lat = [r["seconds"] for r in got]
+            drafted: dict[str, int] = {}
+            for r in got:
+                for name, count in r.get("drafted", {}).items():
+                    drafted[name] = drafted.get(name, 0) + count
+            shown = ", ".join(f"{name} {count}" for name, count in sorted(drafted.items())) or "–"
             lines.append(f"| {kind} | {n} | {len(got)} | {tokens / got[0]['level_seconds']:.1f} | "
-                         f"{statistics.mean(lat):.2f} | {p95(lat):.2f} | {same}/{len(got)} | {agree}/{len(got)} |")
+                         f"{statistics.mean(lat):.2f} | {p95(lat):.2f} | {same}/{len(got)} | {agree}/{len(got)} | "
+                         f"{shown} |")
     return "\n".join(lines) + "\n"
 
 

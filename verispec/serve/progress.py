@@ -158,7 +158,9 @@ class RequestProgress:
         (position i: rounds that accepted / verified draft i+1),
         `per_position_acceptance` (their ratio: P(x_i accepted | x_1..x_{i-1} accepted)),
         `alpha` (exact α: mean Σ min(p, q) over verified draft positions),
-        `num_accepted_tokens_by_drafter`, `rule` and `seed` are added by the engine.
+        `num_draft_tokens_by_drafter` and `num_accepted_tokens_by_drafter` (drafter name ->
+        tokens it drafted / had accepted, drafters that drafted only), `rule` and `seed` are
+        added by the engine.
         """
         s = self.stats
         steps = sum(sum(h) for h in self.histogram.values())
@@ -183,6 +185,7 @@ class RequestProgress:
             "num_verified_tokens_per_pos": list(s.reached),
             "per_position_acceptance": s.per_position_acceptance,
             "alpha": s.alpha_exact,
+            "num_draft_tokens_by_drafter": {d: v["drafted"] for d, v in s.by_drafter.items() if v["drafted"]},
             "num_accepted_tokens_by_drafter": {d: v["accepted"] for d, v in s.by_drafter.items() if v["drafted"]},
         }
 
