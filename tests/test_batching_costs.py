@@ -64,3 +64,51 @@ def test_bad_load_is_refused_naming_the_argument(bad):
     costs = OnlineCostCurve(["lookup"], 4, decay=0.5, explore_slope=0.1, margin=0.03)
     with pytest.raises(ValueError, match=next(iter(bad))):
         costs.set_load(**bad)
+
+
+# The default pair on a 2-core CPU (benchmarks/llamacpp-native/curve.json): T_t(n) of
+# Qwen2.5-Coder-1.5B for n = 1..9 rows, then about linear; its 0.5B draft at T_d = 37 ms.
+QWEN_ROWS = (0.081, 0.124, 0.164, 0.188, 0.237, 0.275, 0.284, 0.339, 0.378)
+QWEN_DRAFT = 0.037
+
+
+def qwen_like(rows: int) -> float:
+    return QWEN_ROWS[rows - 1] if rows <= len(QWEN_ROWS) else QWEN_ROWS[-1] + 0.04 * (rows - len(QWEN_ROWS))
+
+
+def test_serial_drafts_are_priced_for_every_sequence_they_hold_up():
+    """Each request drafts in its own thread, one after another, while the shared forward
+    waits: with B sequences a draft model's k tokens cost B·k·T_d of everyone's time. Priced
+    once (as before), a 0.5B draft at alpha 0.99 still looked worth a token at B = 2 (S = 1.10),
+    and the default pair ran slower with company than alone (benchmarks/serve/)."""
+    costs = OnlineCostCurve(["model"], 9, decay=0.9, explore_slope=0.1, margin=0.03)
+    for rows in range(1, 37):
+        costs.observe_target(rows, qwen_like(rows))
+    costs.observe_draft("model", QWEN_DRAFT)
+    assert costs.optimal_k(0.99, 8)[0] >= 1                 # alone a near-perfect draft model pays
+    for b in (2, 4):
+        costs.set_load(sequences=b)
+        assert costs.curve("model").draft_time == pytest.approx(b * QWEN_DRAFT)
+        assert costs.optimal_k(0.99, 8)[0] == 0             # with company it does not
+    costs.set_load()
+    assert costs.curve("model").draft_time == pytest.approx(QWEN_DRAFT)
+
+
+def test_a_catch_up_is_charged_for_every_sequence_it_holds_up():
+    from verispec.policy import AdaptivePolicy
+
+    class CatchingUp:
+        alpha_prior = 0.6
+
+        def available(self, seq):
+            return 8
+
+        def catchup_tokens(self, seq):
+            return 100
+
+    policy = AdaptivePolicy({"model": CatchingUp()})
+    policy.costs.observe_catchup("model", 0.005)
+    policy.catching_up = {"model"}
+    assert policy.catchup_charge("model", [1, 2]) == (pytest.approx(0.5), 100)
+    policy.costs.set_load(sequences=3)
+    assert policy.catchup_charge("model", [1, 2]) == (pytest.approx(1.5), 100)

@@ -23,7 +23,8 @@ k for the load: after each shared forward the driver tells every request's cost 
 many sequences shared it and how many rows the others put in it
 (`OnlineCostCurve.set_load`): the round's time is filed under the forward's total rows, and
 an adaptive policy prices its next round with the planner's batch maths, T_t(B) for a plain
-step against T_t(B(k+1)) for k drafts, so it drafts less as the forward fills up.
+step against T_t(B(k+1)) + B·k·T_d for k drafts (the requests draft one after another while
+the forward waits), so it drafts less as the forward fills up.
 """
 
 from __future__ import annotations

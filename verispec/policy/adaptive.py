@@ -226,12 +226,14 @@ class AdaptivePolicy(Policy):
 
     def catchup_charge(self, name: str, seq: Sequence[int]) -> tuple[float, int]:
         """(seconds, tokens) of the catch-up drafter `name` needs before drafting after
-        `seq`: its `catchup_tokens` × its seconds per token (0 s while that is unknown)."""
+        `seq`: its `catchup_tokens` × its seconds per token (0 s while that is unknown),
+        × B under a load of B sequences (every other sequence waits for it; `costs`)."""
         if name not in self.catching_up:
             return 0.0, 0
         missing = self.drafters[name].catchup_tokens(seq)
         per_token = self.costs.catchup_time(name)
-        return (missing * per_token if per_token is not None else 0.0), missing
+        seconds = missing * per_token * self.costs.sequences if per_token is not None else 0.0
+        return seconds, missing
 
     def pays_for(self, speedup: float, charge: float, seq: Sequence[int]) -> bool:
         """Whether drafting at `speedup` for the rest of the budget pays `charge` seconds

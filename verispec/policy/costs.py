@@ -37,10 +37,16 @@ Under load (a batching server, `verispec.batching`): T_t is learned by the rows 
 forward - a round whose forward also carried R rows of other sequences is filed under
 T_t(R + width) (`set_load(other_rows=R)`) - and priced with the planner's `--batch` maths
 (`verispec.plan`): with B sequences sharing the forward, each verifying n tokens, a round
-costs T_B(n) = T_t(B·n) (`set_load(sequences=B)`), so S(k) = E·T_t(B) / (k·T_d + T_t(B(k+1))).
-Where T_t is flat (memory-bound) drafting stays nearly free; once B·(k+1) rows leave the
-flat part, each draft row costs a full row for every sequence and k* falls to 0.
-B = 1, R = 0 (the default) is the single-sequence model above, unchanged.
+costs T_B(n) = T_t(B·n) (`set_load(sequences=B)`), and its drafts B·k·T_d: each sequence
+drafts in its own thread, one after another (a draft model's forwards are each request's
+own; a drafter in Python holds the interpreter), and the shared forward waits for the last,
+so one sequence's k drafted tokens hold up all B. Hence S(k) = E·T_t(B) / (B·k·T_d +
+T_t(B(k+1))), and a catch-up is charged B times its seconds. Where T_t is flat
+(memory-bound) drafting stays nearly free for a drafter with T_d ~ 0; once B·(k+1) rows
+leave the flat part, each draft row costs a full row for every sequence and k* falls to 0;
+a draft model (T_d ~ T_t(1)/2 for a 0.5B draft of a 1.5B target on a CPU) stops paying at
+B = 2 unless α is near 1. B = 1, R = 0 (the default) is the single-sequence model above,
+unchanged.
 
 Guard: timings that are not finite, negative, or (for the target) zero are refused
 (`accepts`), so no price here is ever NaN, infinite or free.
@@ -248,8 +254,8 @@ class OnlineCostCurve:
     def curve(self, name: str) -> CostCurve | None:
         """The prices of drafting with `name` as a `CostCurve`: target_times[0] the guarded
         T_t(1) + o_0, target_times[n-1] = T_t(w(n)) + o_d for n = 2..n_max, draft_time its
-        T_d (under a load of B sequences: T_t(B) and T_t(B·w(n)), the planner's batch maths).
-        None while T_t(1) or its T_d is unknown."""
+        T_d (under a load of B sequences: T_t(B), T_t(B·w(n)) and B·T_d, the planner's batch
+        maths with serial drafts; module docstring). None while T_t(1) or its T_d is unknown."""
         curve = self._curves.get(name)
         if curve is None:
             t_d = self.draft_time(name)
@@ -259,7 +265,7 @@ class OnlineCostCurve:
             plain, drafted = self.round_overhead(None), self.round_overhead(name)
             times = [self.single_step() + plain] + [self.target(b * self.verify_width(n)) + drafted
                                                     for n in range(2, self.n_max + 1)]
-            curve = self._curves[name] = CostCurve(tuple(times), t_d)
+            curve = self._curves[name] = CostCurve(tuple(times), b * t_d)
         return curve
 
     def _priced(self, drafter: str | None) -> CostCurve:

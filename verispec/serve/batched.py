@@ -27,7 +27,9 @@ What batched mode does differently from batch size 1 (said in `verispec serve --
 * the suffix drafter drafts from the prompt and the output only, not from earlier
   responses (the cross-request suffix cache is not shared between threads);
 * a draft model decodes in a second `LlamaCppBatchModel` with one slot per request; its
-  forwards are each request's own (serialised), not batched;
+  forwards are each request's own (serialised), not batched, and priced so: B sequences'
+  drafts cost B·k·T_d (`verispec.policy.costs`), which turns the draft model off under
+  load unless its α is near 1;
 * k = "auto": each request has its own adaptive policy, started from the decoder's
   calibrated cost curve and told the load every round (`OnlineCostCurve.set_load`), so
   it drafts less as other requests fill the forward.
