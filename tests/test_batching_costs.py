@@ -112,3 +112,27 @@ def test_a_catch_up_is_charged_for_every_sequence_it_holds_up():
     assert policy.catchup_charge("model", [1, 2]) == (pytest.approx(0.5), 100)
     policy.costs.set_load(sequences=3)
     assert policy.catchup_charge("model", [1, 2]) == (pytest.approx(1.5), 100)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.7, 0.9])
+@pytest.mark.parametrize("b", [2, 4])
+def test_a_solo_calibration_prices_wide_batched_rounds_no_cheaper_than_its_widest_row(alpha, b):
+    """A batched request starts from the solo calibration, T_t(1..9) (`serve`'s copy of the
+    decoder's curve), and prices k drafts at T_t(B(k+1)), mostly beyond it. Guessed from T_t(1)
+    alone, T_t(10) came out at 1.9 T_t(1), under the measured T_t(9) = 4.7 T_t(1): every
+    request drafted k >= 4 almost every round (benchmarks/serve/batched-qwen-serial-drafts, 50-90
+    drafted tokens per 64-token response against 2-26 alone) at a third of llama-server's rate.
+    Guessed from the measured curve (its widest width and mean slope), the choice is the one
+    the whole curve makes."""
+    solo = OnlineCostCurve(["suffix"], 9, decay=0.9, explore_slope=0.1, margin=0.03)
+    whole = OnlineCostCurve(["suffix"], 9, decay=0.9, explore_slope=0.1, margin=0.03)
+    for rows in range(1, 10):
+        solo.observe_target(rows, qwen_like(rows))
+    for rows in range(1, 9 * b + 1):
+        whole.observe_target(rows, qwen_like(rows))
+    for costs in (solo, whole):
+        costs.observe_draft("suffix", 0.0)
+        costs.set_load(sequences=b)
+    for n in range(10, 9 * b + 1):
+        assert solo.target(n) >= solo.target(9)
+    assert solo.optimal_k(alpha, 8)[0] == whole.optimal_k(alpha, 8)[0]

@@ -5,9 +5,15 @@ Vocabulary (as in `verispec.theory`; all times in seconds):
 * T_t(n) - one target forward over n new tokens; verifying k drafts needs n = k + 1.
   Each measured n is its own decayed mean (`Decayed`): CPU matmul cost is far from
   linear in n (with torch float32 here, 8 rows cost less than 3), so measuring every n
-  beats fitting a line. An unmeasured n is guessed optimistically as
+  beats fitting a line. An unmeasured n <= n_max is guessed optimistically as
   T_t(1) · (1 + explore_slope · (n - 1)), so every draft length that could pay is tried
-  once and then judged on its measured cost.
+  once and then judged on its measured cost. Wider forwards (n > n_max) only come from
+  several sequences' rows together (`set_load`), too many sums to try one by one, so they
+  are guessed from the measured widths around them: between two, on the line through them;
+  beyond the widest measured M, T_t(M) + s · (n - M) with s the curve's mean slope
+  (T_t(M) - T_t(1)) / (M - 1), at least 0. (Guessed from T_t(1) as the others, T_t(10) came
+  out at 1.9 T_t(1), under the measured T_t(9) = 4.7 T_t(1), and a batching server drafted
+  almost every round on a CPU where one more row costs most of a step.)
 * verification width w(n) - the measured m >= n (up to n_max) with the smallest T_t(m),
   if it beats T_t(n) by the margin; else n. Filler rows after the drafts cost nothing in
   exactness (causal attention), so a verification of n tokens costs T_t(w(n)).
@@ -197,7 +203,8 @@ class OnlineCostCurve:
         return 1 in self.target_cost
 
     def target(self, n: int) -> float:
-        """T_t(n) in seconds: the measured mean, else the optimistic guess (module docstring).
+        """T_t(n) in seconds: the measured mean, else the optimistic guess (n <= n_max) or one
+        from the measured widths around n (module docstring).
 
         Raises:
             ValueError: before T_t(1) is known (`ready`).
@@ -207,7 +214,19 @@ class OnlineCostCurve:
         cost = self.target_cost.get(n)
         if cost is not None:
             return cost.mean
-        return self.target_cost[1].mean * (1.0 + self.explore_slope * (n - 1))
+        t1 = self.target_cost[1].mean
+        if n <= self.n_max:                          # a width one sequence can reach: try it
+            return t1 * (1.0 + self.explore_slope * (n - 1))
+        below = max(m for m in self.target_cost if m < n)
+        above = min((m for m in self.target_cost if m > n), default=None)
+        low = self.target_cost[below].mean
+        if above is not None:                        # on the line between measured neighbours
+            high = self.target_cost[above].mean
+            return low + (high - low) * (n - below) / (above - below)
+        if below == 1:
+            return t1 * (1.0 + self.explore_slope * (n - 1))
+        slope = max(0.0, (low - t1) / (below - 1))   # beyond the widest: the curve's mean slope
+        return low + slope * (n - below)
 
     def draft_time(self, name: str) -> float | None:
         """T_d of drafter `name`, seconds per drafted token (None before its first draft)."""
