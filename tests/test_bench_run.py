@@ -54,6 +54,9 @@ def test_run_bench_end_to_end_on_tiny_models(tiny_decoder, dataset, tmp_path):
                        meta={"command": "test"}, warmup=False, progress=False)
     assert len(rows) == 2 * 10
     assert [r["method"] for r in rows[:10]] == ["plain", *methods]    # interleaved, plain first
+    # the next prompt: plain first again, the others one place on (a drift within a prompt's
+    # turn must not always fall on the same method)
+    assert [r["method"] for r in rows[10:]] == ["plain", *methods[1:], methods[0]]
     for r in rows:
         assert r["error"] is None, r
         assert r["new_tokens"] == 16 and r["wall_seconds"] > 0 and r["finish_reason"] == "length"
@@ -84,6 +87,15 @@ def test_run_bench_end_to_end_on_tiny_models(tiny_decoder, dataset, tmp_path):
     with pytest.raises(B.BenchError, match="--max-new-tokens 16"):
         B.run_bench(qs, ["verispec"], target=tiny_decoder, max_new_tokens=8, out_dir=tmp_path,
                     resume=True, progress=False)
+
+
+def test_method_order_rotates_all_but_plain():
+    methods = ["plain", "a", "b", "c"]
+    orders = [run_module.method_order(methods, turn) for turn in range(3)]
+    assert [o[0] for o in orders] == ["plain"] * 3
+    assert [o[1:].index(m) for o in orders for m in ["a"]] == [0, 2, 1]   # every position once
+    assert run_module.method_order(["x", "y"], 1) == ["y", "x"]            # no plain: all rotate
+    assert run_module.method_order(["plain"], 5) == ["plain"]
 
 
 def test_resume_runs_only_missing_pairs_and_records_errors(tiny_decoder, dataset, tmp_path,

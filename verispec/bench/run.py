@@ -1,7 +1,11 @@
 """Running the benchmark: every method on every prompt, interleaved, one row each.
 
 All methods run on the same prompts with the same models, loaded once, interleaved prompt
-by prompt (plain first, then each method), so machine drift hits all alike. Measuring is
+by prompt (plain first, the reference every greedy output is compared with; then the other
+methods in an order rotated one place from prompt to prompt), so machine drift hits all
+alike: with a fixed order, a method always fifth in a prompt's turn ran 8-14 % slower per
+target forward than plain in two runs on a 2-core VM, which an interleaved rerun with the
+order reversed did not reproduce (benchmarks/llamacpp-native/, bench-3 and bench-4). Measuring is
 `run_one`'s (caches emptied first); this module only schedules, records errors, compares
 greedy outputs with plain's and appends rows to the output directory (`results`).
 """
@@ -62,6 +66,19 @@ def _models(target, draft, backend: str | None):
     if draft is not None:
         draft = load_model(draft, backend=backend or "transformers")
     return target, draft
+
+
+def method_order(methods: list[str], turn: int) -> list[str]:
+    """The order `methods` run in on the `turn`-th prompt (0-based): "plain" first when
+    present (every greedy output is compared with it), then the others rotated `turn`
+    places, so over len(others) prompts each one runs in every position once.
+
+    >>> method_order(["plain", "a", "b", "c"], 1)
+    ['plain', 'b', 'c', 'a']
+    """
+    others = [m for m in methods if m != "plain"]
+    shift = turn % len(others) if others else 0
+    return ["plain"] * (len(others) < len(methods)) + others[shift:] + others[:shift]
 
 
 def run_bench(questions: Sequence[Prompt], methods: Sequence[str] | None = None, *,
@@ -155,6 +172,7 @@ def run_bench(questions: Sequence[Prompt], methods: Sequence[str] | None = None,
     if described:
         meta = {**(meta or {}), "method_descriptions": {**(meta or {}).get("method_descriptions", {}),
                                                         **described}}
+    meta = {**(meta or {}), "method_order": "rotated"}     # `method_order`: the report says so
     previous = (start_run(out, settings, methods, resume=resume, overwrite=overwrite, meta=meta)
                 if out is not None else [])
     done = done_pairs(previous)
@@ -183,7 +201,8 @@ def run_bench(questions: Sequence[Prompt], methods: Sequence[str] | None = None,
             return endpoints[m].generate(ids, max_new_tokens=budget, temperature=temperature, seed=seed)
         return run_one(decoders[m], ids, m, max_new_tokens=budget, temperature=temperature, seed=seed)
 
-    todo = [(q, m) for q in questions for m in methods if (q.id, m) not in done]
+    todo = [(q, m) for i, q in enumerate(questions) for m in method_order(methods, i)
+            if (q.id, m) not in done]
     results_file = (out / RESULTS).open("a", encoding="utf-8") if out is not None else None
     try:
         if warmup and todo:

@@ -84,8 +84,11 @@ def render_markdown(summary: dict, meta: dict | None = None) -> str:
         "MT-Bench categories (writing, roleplay, reasoning, math, coding, extraction, stem, "
         "humanities), rows picked round-robin over them in file order"
         + (f"; {prompts} prompts" if prompts is not None else ""),
-        "- method order: per prompt, plain first, then each method (interleaved, models loaded "
-        "once); KV caches emptied before every generation, so each wall time includes its prefill"
+        "- method order: per prompt, plain first, then "
+        + ("the other methods in an order rotated one place from prompt to prompt"
+           if meta.get("method_order") == "rotated" else "each method")
+        + " (interleaved, models loaded once); KV caches emptied before every generation, so "
+        "each wall time includes its prefill"
         + ("; servers (`--endpoint`): each timed request follows an untimed 1-token request of "
            "the same prompt, so every server is timed on a warm prompt cache"
            if meta.get("warm_prompt_cache") else ""),
