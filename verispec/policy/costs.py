@@ -215,18 +215,16 @@ class OnlineCostCurve:
         if cost is not None:
             return cost.mean
         t1 = self.target_cost[1].mean
-        if n <= self.n_max:                          # a width one sequence can reach: try it
-            return t1 * (1.0 + self.explore_slope * (n - 1))
         below = max(m for m in self.target_cost if m < n)
         above = min((m for m in self.target_cost if m > n), default=None)
+        if n <= self.n_max or (below == 1 and above is None):   # a width to try: optimistic
+            return t1 * (1.0 + self.explore_slope * (n - 1))
         low = self.target_cost[below].mean
         if above is not None:                        # on the line between measured neighbours
             high = self.target_cost[above].mean
             return low + (high - low) * (n - below) / (above - below)
-        if below == 1:
-            return t1 * (1.0 + self.explore_slope * (n - 1))
-        slope = max(0.0, (low - t1) / (below - 1))   # beyond the widest: the curve's mean slope
-        return low + slope * (n - below)
+        slope = (low - t1) / (below - 1)             # beyond the widest: the curve's mean slope
+        return low + max(0.0, slope) * (n - below)
 
     def draft_time(self, name: str) -> float | None:
         """T_d of drafter `name`, seconds per drafted token (None before its first draft)."""
