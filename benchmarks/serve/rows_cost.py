@@ -8,7 +8,10 @@ This opens the target as `verispec serve --max-seqs` does (`LlamaCppBatchModel`,
 stream per slot), prefills every slot with the same `--context` tokens, then times `--steps`
 shared forwards of one row per sequence for each B with the batch-invariant mode (reference
 kernels for decodes) and without (llama.cpp's default kernels, as llama-server), the two
-models open at once and their steps alternated. Prints the median milliseconds per forward
+models open at once and their steps alternated. Weights are not repacked in either mode
+(VERISPEC_LLAMACPP_REPACK=0 unless set: `batch_bench.py` runs llama-server with --no-repack
+and this VM's AMX repacking crashes; with repacking allowed the default kernels' single row
+ran 1.2-1.3x faster than the reference one). Prints the median milliseconds per forward
 (the first two steps are warm-up) and the ratio of the two modes.
 """
 
@@ -70,9 +73,11 @@ def main() -> None:
         ap.error(f"--sequences must be comma-separated integers, got {args.sequences!r}")
     if min(sequences) < 1 or args.context < 1 or args.steps < 3:
         ap.error("--sequences values and --context must be >= 1, --steps >= 3")
+    os.environ.setdefault("VERISPEC_LLAMACPP_REPACK", "0")     # as llama-server --no-repack
     gguf = str(registry.resolve(args.target, weights=False).gguf_path)
     ms = measure(gguf, sequences, args.context, args.steps, args.threads)
-    print(f"{args.target}, {args.context} tokens per slot, {args.threads} threads: ms per shared forward")
+    print(f"{args.target}, {args.context} tokens per slot, {args.threads} threads, VERISPEC_LLAMACPP_REPACK="
+          f"{os.environ['VERISPEC_LLAMACPP_REPACK']}: ms per shared forward")
     print("| B (one row each) | batch-invariant (reference kernels) | default kernels | ratio |")
     print("|---:|---:|---:|---:|")
     for b in sequences:
