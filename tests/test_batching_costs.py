@@ -122,8 +122,8 @@ def test_a_solo_calibration_prices_wide_batched_rounds_no_cheaper_than_its_wides
     alone, T_t(10) came out at 1.9 T_t(1), under the measured T_t(9) = 4.7 T_t(1): every
     request drafted k >= 4 almost every round (benchmarks/serve/batched-qwen-serial-drafts, 50-90
     drafted tokens per 64-token response against 2-26 alone) at a third of llama-server's rate.
-    Guessed from the measured curve (its widest width and mean slope), the choice is the one
-    the whole curve makes."""
+    Guessed from the measured curve (its widest width and least-squares slope), the choice is
+    the one the whole curve makes."""
     solo = OnlineCostCurve(["suffix"], 9, decay=0.9, explore_slope=0.1, margin=0.03)
     whole = OnlineCostCurve(["suffix"], 9, decay=0.9, explore_slope=0.1, margin=0.03)
     for rows in range(1, 10):

@@ -38,6 +38,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -207,10 +208,7 @@ def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) 
             same = sum(r["ids"] == solo.get((kind, r["prompt"])) for r in got)
             agree = sum(r["ids"] == ref.get(r["prompt"]) for r in got)
             lat = [r["seconds"] for r in got]
-            drafted: dict[str, int] = {}
-            for r in got:
-                for name, count in r.get("drafted", {}).items():
-                    drafted[name] = drafted.get(name, 0) + count
+            drafted = sum((Counter(r.get("drafted", {})) for r in got), Counter())
             shown = ", ".join(f"{name} {count}" for name, count in sorted(drafted.items())) or "–"
             lines.append(f"| {kind} | {n} | {len(got)} | {tokens / got[0]['level_seconds']:.1f} | "
                          f"{statistics.mean(lat):.2f} | {p95(lat):.2f} | {same}/{len(got)} | {agree}/{len(got)} | "

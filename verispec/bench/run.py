@@ -76,9 +76,10 @@ def method_order(methods: list[str], turn: int) -> list[str]:
     >>> method_order(["plain", "a", "b", "c"], 1)
     ['plain', 'b', 'c', 'a']
     """
+    head = ["plain"] if "plain" in methods else []
     others = [m for m in methods if m != "plain"]
     shift = turn % len(others) if others else 0
-    return ["plain"] * (len(others) < len(methods)) + others[shift:] + others[:shift]
+    return head + others[shift:] + others[:shift]
 
 
 def run_bench(questions: Sequence[Prompt], methods: Sequence[str] | None = None, *,

@@ -10,10 +10,11 @@ Vocabulary (as in `verispec.theory`; all times in seconds):
   once and then judged on its measured cost. Wider forwards (n > n_max) only come from
   several sequences' rows together (`set_load`), too many sums to try one by one, so they
   are guessed from the measured widths around them: between two, on the line through them;
-  beyond the widest measured M, T_t(M) + s · (n - M) with s the curve's mean slope
-  (T_t(M) - T_t(1)) / (M - 1), at least 0. (Guessed from T_t(1) as the others, T_t(10) came
-  out at 1.9 T_t(1), under the measured T_t(9) = 4.7 T_t(1), and a batching server drafted
-  almost every round on a CPU where one more row costs most of a step.)
+  beyond the widest measured M, T_t(M) + b · (n - M) with b the least-squares slope over the
+  measured widths, at least 0 (`theory.CostCurve.target`'s rule). (Guessed from T_t(1) as
+  the others, T_t(10) came out at 1.9 T_t(1), under the measured T_t(9) = 4.7 T_t(1), and a
+  batching server drafted almost every round on a CPU where one more row costs most of a
+  step.)
 * verification width w(n) - the measured m >= n (up to n_max) with the smallest T_t(m),
   if it beats T_t(n) by the margin; else n. Filler rows after the drafts cost nothing in
   exactness (causal attention), so a verification of n tokens costs T_t(w(n)).
@@ -50,9 +51,9 @@ so one sequence's k drafted tokens hold up all B. Hence S(k) = E·T_t(B) / (B·k
 T_t(B(k+1))), and a catch-up is charged B times its seconds. Where T_t is flat
 (memory-bound) drafting stays nearly free for a drafter with T_d ~ 0; once B·(k+1) rows
 leave the flat part, each draft row costs a full row for every sequence and k* falls to 0;
-a draft model (T_d ~ T_t(1)/2 for a 0.5B draft of a 1.5B target on a CPU) stops paying at
-B = 2 unless α is near 1. B = 1, R = 0 (the default) is the single-sequence model above,
-unchanged.
+on a 2-core Xeon's curve (T_d ~ T_t(1)/2 for a 0.5B draft of a 1.5B target) a draft model
+stops paying at B = 2 even at α = 0.99. B = 1, R = 0 (the default) is the single-sequence
+model above, unchanged.
 
 Guard: timings that are not finite, negative, or (for the target) zero are refused
 (`accepts`), so no price here is ever NaN, infinite or free.
@@ -63,7 +64,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from ..theory import AlphaSpec, CostCurve
+from ..theory import AlphaSpec, CostCurve, fit_linear
 from .decayed import Decayed
 
 __all__ = ["OnlineCostCurve"]
@@ -214,16 +215,20 @@ class OnlineCostCurve:
         cost = self.target_cost.get(n)
         if cost is not None:
             return cost.mean
-        t1 = self.target_cost[1].mean
-        below = max(m for m in self.target_cost if m < n)
-        above = min((m for m in self.target_cost if m > n), default=None)
-        if n <= self.n_max or (below == 1 and above is None):   # a width to try: optimistic
-            return t1 * (1.0 + self.explore_slope * (n - 1))
+        optimistic = self.target_cost[1].mean * (1.0 + self.explore_slope * (n - 1))
+        if n <= self.n_max:                          # a width one sequence can reach: try it
+            return optimistic
+        widths = sorted(self.target_cost)
+        below = max(m for m in widths if m < n)
+        above = min((m for m in widths if m > n), default=None)
         low = self.target_cost[below].mean
         if above is not None:                        # on the line between measured neighbours
             high = self.target_cost[above].mean
             return low + (high - low) * (n - below) / (above - below)
-        slope = (low - t1) / (below - 1)             # beyond the widest: the curve's mean slope
+        if len(widths) < 2:
+            return optimistic
+        # beyond the widest: CostCurve.target's rule (least-squares slope, at least 0)
+        _, slope = fit_linear(widths, [self.target_cost[m].mean for m in widths])
         return low + max(0.0, slope) * (n - below)
 
     def draft_time(self, name: str) -> float | None:
