@@ -201,3 +201,43 @@ def test_a_request_stopped_while_its_prompt_runs_in_pieces_ends_before_its_prefi
                                                max_new_tokens=300, rng=SeededRandomness(0)).tokens
     driver.close()
     assert pieces and sum(pieces) < 100          # most of its 200-token prompt never ran
+
+
+def test_every_shared_forward_is_timed_once_with_its_rows_and_prompt_rows():
+    """`on_round` hears of every forward (the alone path's too) with the rows the model
+    scored, prompt pieces counted apart; the server's batch counters sum those reports."""
+    from verispec.batching import BatchedRounds
+    from verispec.policy import make_policy
+    from verispec.sampling import SamplingConfig, SeededRandomness
+    from verispec.serve.metrics import ServerMetrics
+
+    model = ToyBatchModel(2)
+    scored, decode_locked = [], model._decode_locked
+
+    def counting(plan):
+        scored.append((sum(len(tokens) for tokens, *_ in plan.values()),
+                       sum(len(tokens) for tokens, keep, *_ in plan.values() if keep <= 1 and len(tokens) > 7)))
+        return decode_locked(plan)
+
+    model._decode_locked = counting
+    driver = BatchedRounds(model)
+    timings, metrics = [], ServerMetrics("toy")
+    driver.on_round = lambda t: (timings.append(t), metrics.record_round(t))
+    greedy = SamplingConfig(temperature=0.0)
+    alone = driver.submit([1, 2, 3], make_policy(2, {}), sampling=greedy, max_new_tokens=5,
+                          rng=SeededRandomness(0))
+    alone.result(WAIT)                          # alone: runs its own forwards
+    handles = [driver.submit(prompt, make_policy(k, {}), sampling=greedy, max_new_tokens=12,
+                             rng=SeededRandomness(0)) for prompt, k in
+               (([(3 * i) % V for i in range(1, 30)], 0), ([5, 6], 3))]
+    for h in handles:
+        h.result(WAIT)
+    driver.close()
+    assert len(timings) == driver.forwards == len(scored)
+    assert [(t.rows, t.prefill_rows) for t in timings] == scored
+    assert sum(t.prefill_rows for t in timings) == 28   # the 29-token prompt but its last token
+    assert max(t.sequences for t in timings) == 2
+    assert all(t.forward >= 0 and t.gather >= 0 for t in timings)
+    text = metrics.exposition().decode()
+    assert f'verispec:batch_forwards_total{{model_name="toy"}} {float(len(timings))}' in text
+    assert f'verispec:batch_rows_total{{model_name="toy"}} {float(sum(t.rows for t in timings))}' in text

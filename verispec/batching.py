@@ -30,6 +30,7 @@ the forward waits), so it drafts less as the forward fills up.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +46,29 @@ from .verify import Rule, standard
 
 class Cancelled(Exception):
     """The request was cancelled; raised by `BatchedRequest.result`."""
+
+
+@dataclass
+class RoundTiming:
+    """Where one round's wall time went (seconds, `time.perf_counter`), for `on_round`.
+
+    Attributes:
+        gather: from the previous forward's end (or the first request's admission) until
+            every live request had parked its rows: the requests' own work between forwards
+            (rule, commit, streaming, policy, drafting) and the hand-overs, while the target
+            waits.
+        forward: the shared target forward itself.
+        sequences: requests with rows in the forward.
+        rows: rows in the forward.
+        prefill_rows: of those, rows of prompt pieces (prefills run in forwards of their own,
+            `LlamaCppBatchModel.score_rows`).
+    """
+
+    gather: float
+    forward: float
+    sequences: int
+    rows: int
+    prefill_rows: int
 
 
 class _ParkedView(SequenceView):
@@ -148,6 +172,8 @@ class BatchedRounds:
         self._closing = False
         self.forwards = 0          # shared decodes run (rounds), for statistics
         self.max_live = 0          # most requests decoding together so far
+        self.on_round: Callable[[RoundTiming], None] | None = None   # told after every forward
+        self._gather_from: float | None = None    # end of the last forward, while requests are live
         self._scheduler = threading.Thread(target=self._schedule, name="verispec-batch", daemon=True)
         self._scheduler.start()
 
@@ -199,6 +225,8 @@ class BatchedRounds:
     def _admit(self) -> None:
         """Start queued requests while slots are free (holding the condition)."""
         while self._queue and self.model.free_slots:
+            if not self._live:
+                self._gather_from = time.perf_counter()
             request = self._queue.pop(0)
             view = self.model.open(view_type=_ParkedView)
             view.driver, view.request = self, request
@@ -252,7 +280,11 @@ class BatchedRounds:
                 costs.set_load()
             request.rows_last_round = len(tokens)
             slot = self._live[request].slot
-            return self.model.score_rows({slot: (tokens, keep)})[slot]
+            start = time.perf_counter()
+            try:
+                return self.model.score_rows({slot: (tokens, keep)})[slot]
+            finally:
+                self._timed(start, {request: (tokens, keep, 0)})
         with self._cond:
             self._cond.notify_all()
             self._cond.wait_for(lambda: request in self._answers)
@@ -294,6 +326,21 @@ class BatchedRounds:
                 self._prefilled.pop(request, None)
         return batch, unfinished
 
+    def _timed(self, start: float, batch: dict) -> None:
+        """Count a forward that began at `start` and just ended, over `batch`'s rows
+        (request -> (tokens, keep, offset)), and tell `on_round` where the round's time went."""
+        end = time.perf_counter()
+        with self._cond:
+            gather = max(0.0, start - self._gather_from) if self._gather_from is not None else 0.0
+            self._gather_from = end
+            self.forwards += 1
+        prefill = sum(len(tokens) for tokens, keep, offset in batch.values()
+                      if is_prefill(len(tokens), keep) or (keep <= 1 and offset > 0))
+        if self.on_round is not None:
+            self.on_round(RoundTiming(gather=gather, forward=end - start, sequences=len(batch),
+                                      rows=sum(len(plan[0]) for plan in batch.values()),
+                                      prefill_rows=prefill))
+
     def _ready(self) -> bool:
         """Every live request is parked (holding the condition)."""
         return bool(self._live) and len(self._parked) == len(self._live)
@@ -321,13 +368,14 @@ class BatchedRounds:
                 costs = getattr(request.policy, "costs", None)
                 if isinstance(costs, OnlineCostCurve):
                     costs.set_load(sequences=len(batch), other_rows=total - len(plan[0]))
+            start = time.perf_counter()
             try:
                 logits = self.model.score_rows({slots[r]: plan for r, plan in batch.items()})
                 answers = {r: logits[slots[r]] for r in batch if r not in unfinished}
             except BaseException as e:   # noqa: BLE001 - every request in the forward gets it
                 answers = {r: e for r in batch}
                 unfinished = {r: v for r, v in unfinished.items() if r not in batch}
-            self.forwards += 1
+            self._timed(start, batch)
             with self._cond:
                 self._answers.update(answers)
                 self._parked.update(unfinished)   # still parked: the rest of its prompt next round

@@ -121,6 +121,22 @@ def level(kind: str, url: str, prompts: list[list[int]], n: int, m: int) -> list
     return rows
 
 
+def batch_time(url: str) -> dict:
+    """verispec's batch counters from /metrics (seconds in decode and prefill forwards, seconds
+    waiting for the requests to park, forwards, rows); {} where the server has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got: dict = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=60).text):
+        for sample in family.samples:
+            if sample.name.startswith("verispec:batch_") and sample.name.endswith("_total"):
+                key = sample.name[len("verispec:batch_"):-len("_total")]
+                if "kind" in sample.labels:
+                    key += "_" + sample.labels["kind"]
+                got[key] = sample.value
+    return got
+
+
 def p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
@@ -169,8 +185,9 @@ def main() -> None:
                     prompts = [httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": t}]},
                                           timeout=60).json()["tokens"] for t in texts]
                 got = level(kind, url, prompts, n, args.max_tokens)
+                spent = batch_time(url) if kind != "llama-server" else {}
             for row in got:
-                rows.append({"server": kind, "clients": n, **row})
+                rows.append({"server": kind, "clients": n, **row, "batch": spent})
             tokens = sum(len(r["ids"]) for r in got)
             print(f"{kind} N={n}: {tokens / got[0]['level_seconds']:.1f} tok/s, mean "
                   f"{statistics.mean(r['seconds'] for r in got):.2f} s", flush=True)
@@ -196,9 +213,12 @@ def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) 
              f"Greedy, ignore_eos, {meta['max_tokens']} tokens per request, {meta['requests']} requests "
              f"(one per prompt) per level shared by the clients, {meta['threads']} threads.", "",
              "Drafted: tokens drafted per drafter, summed over the level's requests (verispec's "
-             "`num_draft_tokens_by_drafter`).", "",
+             "`num_draft_tokens_by_drafter`). Time: verispec's seconds inside decode forwards / "
+             "prefill forwards / waiting between forwards for every request to park (its "
+             "`verispec:batch_*` counters; the level's wall time is the rest plus idle).", "",
              "| server | clients | requests | output tok/s | mean latency s | p95 latency s | "
-             f"ids = own N={clients[0]} | ids = {servers[0]} | drafted |", "|---|---|---|---|---|---|---|---|---|"]
+             f"ids = own N={clients[0]} | ids = {servers[0]} | drafted | time s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for n in clients:
         for kind in servers:
             got = [r for r in rows if r["server"] == kind and r["clients"] == n]
@@ -210,9 +230,12 @@ def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) 
             lat = [r["seconds"] for r in got]
             drafted = sum((Counter(r.get("drafted", {})) for r in got), Counter())
             shown = ", ".join(f"{name} {count}" for name, count in sorted(drafted.items())) or "–"
+            spent = got[0].get("batch") or {}
+            spent = (f"{spent.get('forward_seconds_decode', 0):.1f} / {spent.get('forward_seconds_prefill', 0):.1f} / "
+                     f"{spent.get('gather_seconds', 0):.1f} of {got[0]['level_seconds']:.1f}") if spent else "–"
             lines.append(f"| {kind} | {n} | {len(got)} | {tokens / got[0]['level_seconds']:.1f} | "
                          f"{statistics.mean(lat):.2f} | {p95(lat):.2f} | {same}/{len(got)} | {agree}/{len(got)} | "
-                         f"{shown} |")
+                         f"{shown} | {spent} |")
     return "\n".join(lines) + "\n"
 
 

@@ -154,6 +154,7 @@ class BatchedEngine(Engine):
         self.slots = batch.target.n_seq_max
         self.rounds = BatchedRounds(batch.target, prefill_chunk=prefill_chunk,
                                     max_batched_rows=max_batched_rows)
+        self.rounds.on_round = lambda timing: self.metrics.record_round(timing)   # self.metrics may be replaced
         self._policies = threading.Lock()      # the decoder's shared policies, calibration
         super().__init__(decoder, metrics, max_queue=max_queue, prefix_reuse=False, rule=rule)
 

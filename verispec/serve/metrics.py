@@ -20,7 +20,16 @@ reports, so summed over responses they equal the totals here exactly:
 | `verispec:inter_token_latency_seconds` | histogram | per token after the first round (see `RequestProgress.inter_token_latencies`) |
 | `verispec:e2e_request_latency_seconds` | histogram | arrival to finish |
 | `verispec:request_queue_time_seconds` | histogram | arrival to start of decoding |
-| `verispec:num_requests_running`, `verispec:num_requests_waiting` | gauge | now: decoding (0 or 1), queued |
+| `verispec:num_requests_running`, `verispec:num_requests_waiting` | gauge | now: decoding (0 or 1, up to `--max-seqs` batched), queued |
+
+With `--max-seqs` > 1 (continuous batching) four counters say, per shared target forward
+(`verispec.batching.RoundTiming`), where the server's time goes; they are not per request:
+
+| metric | type | what (per forward, summed) |
+|---|---|---|
+| `verispec:batch_forwards_total`, `verispec:batch_rows_total` | counter | shared target forwards, and the rows they carried |
+| `verispec:batch_forward_seconds_total{kind}` | counter | seconds inside forwards: `kind="decode"` (no prompt rows) or `"prefill"` (carried prompt pieces) |
+| `verispec:batch_gather_seconds_total` | counter | seconds the target waited between forwards for every live request to park its rows (their rule, streaming, policy and drafting, and the hand-overs) |
 
 (The exposition appends `_total` to counters, as vLLM's do: `vllm:spec_decode_num_drafts_total`.)
 Every series carries a `model_name` label (the served model name), as vLLM's do, so
@@ -91,7 +100,15 @@ class ServerMetrics:
         self.itl = histogram("inter_token_latency_seconds", "Seconds per token after the first round.", _ITL)
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY)
         self.queue_time = histogram("request_queue_time_seconds", "Arrival to start of decoding.", _LATENCY)
-        self.running = gauge("num_requests_running", "Requests being decoded (0 or 1).")
+        self.batch_forwards = counter("batch_forwards", "Shared target forwards (batched mode).")
+        self.batch_rows = counter("batch_rows", "Rows in shared target forwards (batched mode).")
+        self.batch_forward_seconds = counter(
+            "batch_forward_seconds", "Seconds inside shared target forwards, by kind: decode, or "
+            "prefill (the forward carried prompt pieces).", ["kind"])
+        self.batch_gather_seconds = counter(
+            "batch_gather_seconds", "Seconds the target waited between forwards for every live "
+            "request to park its rows (batched mode).")
+        self.running = gauge("num_requests_running", "Requests being decoded (0 or 1; up to --max-seqs batched).")
         self.waiting = gauge("num_requests_waiting", "Requests queued.")
         for reason in ("stop", "length", "abort", "error"):
             self.requests.labels(reason)    # exported at 0 from the start
@@ -132,6 +149,13 @@ class ServerMetrics:
             self.ttft.observe(progress.token_times[0][0] - arrival)
         for gap in progress.inter_token_latencies():
             self.itl.observe(gap)
+
+    def record_round(self, timing) -> None:
+        """Count one shared forward of the batched mode (a `verispec.batching.RoundTiming`)."""
+        self.batch_forwards.inc()
+        self.batch_rows.inc(timing.rows)
+        self.batch_forward_seconds.labels("prefill" if timing.prefill_rows else "decode").inc(timing.forward)
+        self.batch_gather_seconds.inc(timing.gather)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""
