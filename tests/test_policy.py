@@ -359,3 +359,24 @@ def test_the_catch_up_cost_is_learned_from_catch_ups():
     drafted.catchup_seconds = 19 * 0.2          # it fed 20 + 8 - 1 tokens at 0.2 s each
     policy.observe(drafted)
     assert 0.05 < policy.costs.catchup_cost["model"].mean < 0.2
+
+
+def test_no_probe_under_load_where_every_other_sequence_would_wait_for_it():
+    """A probe learns α for one request, but under a load of B sequences its drafts and
+    rows hold up all B: a batching server's policies stop probing there (drafting under 2
+    clients lost 20-30 % against --k 0, `benchmarks/serve/README.md`) and probe again
+    alone. Here a probe would pay under load were α 0.9 (flat curve, cheap drafts)."""
+    curve = lambda n: 1.0 + 0.1 * (n - 1)
+
+    def learnt():                     # α̂ measured low alone (relax 1: it stays low)
+        policy = AdaptivePolicy({"model": FakeDrafter()}, k_max=8, probe_every=4, relax=1.0)
+        feed(policy, 0.1, curve, 0.05, rounds=40)
+        return policy
+
+    alone, loaded = learnt(), learnt()
+    assert any(feed(alone, 0.1, curve, 0.05, rounds=80, seed=1))       # probes alone
+    loaded.costs.set_load(sequences=2, other_rows=1)
+    assert loaded.predict("model", 1, floor=0.9) > 1 + loaded.margin    # a probe would look worth it
+    assert not any(feed(loaded, 0.1, curve, 0.05, rounds=80, seed=1))   # never under load
+    loaded.costs.set_load()                                              # alone again: probes resume
+    assert any(feed(loaded, 0.1, curve, 0.05, rounds=80, seed=1))

@@ -73,7 +73,7 @@ def llama_cmd(args, n: int, port: int) -> list[str]:
 
 def request(http: httpx.Client, kind: str, url: str, ids: list[int], m: int) -> tuple[list[int], float, dict]:
     """One greedy request of exactly m tokens; (output ids, client seconds, verispec's draft
-    tokens per drafter: {} for llama-server)."""
+    tokens drafted and accepted per drafter, name -> [drafted, accepted]: {} for llama-server)."""
     start = time.perf_counter()
     drafted: dict = {}
     if kind == "llama-server":
@@ -88,7 +88,9 @@ def request(http: httpx.Client, kind: str, url: str, ids: list[int], m: int) -> 
         resp.raise_for_status()
         body = resp.json()
         out = body["choices"][0]["token_ids"]
-        drafted = body.get("metrics", {}).get("speculative_decoding", {}).get("num_draft_tokens_by_drafter", {})
+        spec = body.get("metrics", {}).get("speculative_decoding", {})
+        drafted = {name: [count, spec.get("num_accepted_tokens_by_drafter", {}).get(name, 0)]
+                   for name, count in spec.get("num_draft_tokens_by_drafter", {}).items()}
     return out, time.perf_counter() - start, drafted
 
 
@@ -212,8 +214,8 @@ def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) 
              "Servers: " + "; ".join(f"`{k}`: `{v}`" for k, v in meta["servers"].items()) + "  ",
              f"Greedy, ignore_eos, {meta['max_tokens']} tokens per request, {meta['requests']} requests "
              f"(one per prompt) per level shared by the clients, {meta['threads']} threads.", "",
-             "Drafted: tokens drafted per drafter, summed over the level's requests (verispec's "
-             "`num_draft_tokens_by_drafter`). Time: verispec's seconds inside decode forwards / "
+             "Drafted: tokens drafted / accepted per drafter, summed over the level's requests (verispec's "
+             "`num_draft_tokens_by_drafter`, `num_accepted_tokens_by_drafter`). Time: verispec's seconds inside decode forwards / "
              "prefill forwards / waiting between forwards for every request to park (its "
              "`verispec:batch_*` counters; the level's wall time is the rest plus idle).", "",
              "| server | clients | requests | output tok/s | mean latency s | p95 latency s | "
@@ -228,8 +230,12 @@ def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) 
             same = sum(r["ids"] == solo.get((kind, r["prompt"])) for r in got)
             agree = sum(r["ids"] == ref.get(r["prompt"]) for r in got)
             lat = [r["seconds"] for r in got]
-            drafted = sum((Counter(r.get("drafted", {})) for r in got), Counter())
-            shown = ", ".join(f"{name} {count}" for name, count in sorted(drafted.items())) or "–"
+            drafted, accepted = Counter(), Counter()
+            for r in got:
+                for name, counts in r.get("drafted", {}).items():
+                    drafted[name] += counts[0]
+                    accepted[name] += counts[1]
+            shown = ", ".join(f"{name} {count}/{accepted[name]}" for name, count in sorted(drafted.items())) or "–"
             spent = got[0].get("batch") or {}
             spent = (f"{spent.get('forward_seconds_decode', 0):.1f} / {spent.get('forward_seconds_prefill', 0):.1f} / "
                      f"{spent.get('gather_seconds', 0):.1f} of {got[0]['level_seconds']:.1f}") if spent else "–"

@@ -20,6 +20,10 @@ cost ratio c; `theory.CostCurve.speedup` on the prices of `costs.OnlineCostCurve
   interval to the next (up to 64 rounds) until drafting pays again. (A probe is for
   learning α: a long one, k = 3..8, lost 1.5..3.5 plain steps when rejected where each
   verified row costs half a step, as on a 2-core CPU, on texts where nothing pays.)
+  Never under load (`OnlineCostCurve.set_load`, B > 1 sequences sharing the forward):
+  a probe's drafts and rows hold up every sequence in the forward, while what it learns
+  serves one request; there the policy drafts only on the α̂ it has (a batching server
+  drafting with probes under 2 clients ran 20-30 % below --k 0, `benchmarks/serve/`).
 
 Two corrections keep `auto` from losing what a single drafter wins:
 
@@ -255,8 +259,8 @@ class AdaptivePolicy(Policy):
             self.probe_interval = self.probe_every   # drafting pays again: probe eagerly next time
             return self._draft(*best, offers, seq)
         self.plain_streak += 1
-        if self.plain_streak < self.probe_interval or not self.drafters:
-            return None, 0
+        if self.plain_streak < self.probe_interval or not self.drafters or self.costs.sequences > 1:
+            return None, 0                        # no probe under load: all B sequences would wait
         self.plain_streak = 0   # probe now, or (none may be probed) ask again after another interval
         probe = self._probe(offers, seq)
         if probe is None:
