@@ -241,3 +241,60 @@ def test_every_shared_forward_is_timed_once_with_its_rows_and_prompt_rows():
     text = metrics.exposition().decode()
     assert f'verispec:batch_forwards_total{{model_name="toy"}} {float(len(timings))}' in text
     assert f'verispec:batch_rows_total{{model_name="toy"}} {float(sum(t.rows for t in timings))}' in text
+
+
+class _SlowDrafter:
+    """Drafts k copies of token 0 in `delay` seconds (a stand-in for a draft model's forwards)."""
+
+    name, point_mass, alpha_prior = "slow", True, 0.5
+    forwards, seconds, catchup_seconds = 0, 0.0, 0.0
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def available(self, context):
+        return 1 << 20
+
+    def propose(self, context, k, sample):
+        import time
+
+        time.sleep(self.delay)
+        self.forwards, self.seconds = self.forwards + 1, self.seconds + self.delay
+        return [0] * k, None
+
+    def rollback(self, committed):
+        pass
+
+    def reset(self):
+        pass
+
+
+def test_a_rounds_target_time_is_its_shared_forward_not_the_wait_for_the_others_drafts():
+    """In a shared forward a plain request waits while another request drafts; that wait is
+    the other's cost (its policy prices B·k·T_d), so it goes to `waited_seconds`, not to
+    the plain request's T_t (it made a plain step look dear, and drafting cheap, until both
+    requests drafted: `benchmarks/serve/README.md`)."""
+    from verispec.batching import BatchedRounds
+    from verispec.decoding import decode
+    from verispec.policy import FixedPolicy, make_policy
+    from verispec.sampling import SamplingConfig, SeededRandomness
+
+    model, delay = ToyBatchModel(2), 0.05
+    driver = BatchedRounds(model)
+    greedy = SamplingConfig(temperature=0.0)
+    plain_rounds = []
+    drafting = driver.submit([1, 2, 3], FixedPolicy(_SlowDrafter(delay), 2), sampling=greedy,
+                             max_new_tokens=60, rng=SeededRandomness(0))
+    plain = driver.submit([4, 5], make_policy(0, {}), sampling=greedy, max_new_tokens=12,
+                          rng=SeededRandomness(0), observer=plain_rounds.append)
+    solo = FunctionModel(toy_logits, V, context_length=CONTEXT)
+    assert plain.result(WAIT).tokens == decode(solo, [4, 5], make_policy(0, {}), sampling=greedy,
+                                               max_new_tokens=12, rng=SeededRandomness(0)).tokens
+    drafting.result(WAIT)
+    driver.close()
+    waited = sum(r.waited_seconds for r in plain_rounds)
+    forward = sum(r.target_seconds for r in plain_rounds)
+    # most of the plain request's rounds wait out the other's `delay`-second draft; a toy
+    # forward is far shorter (a margin of ~10x, not a speed measurement)
+    assert waited >= 0.3 * delay * len(plain_rounds)
+    assert forward < waited / 3

@@ -25,6 +25,11 @@ many sequences shared it and how many rows the others put in it
 an adaptive policy prices its next round with the planner's batch maths, T_t(B) for a plain
 step against T_t(B(k+1)) + B·k·T_d for k drafts (the requests draft one after another while
 the forward waits), so it drafts less as the forward fills up.
+A request's target time for the round is the shared forward's own seconds; the time it
+spent parked waiting for the others (their drafting, the hand-over) is reported apart
+(`RoundRecord.waited_seconds`) and left out of its prices, since the others' policies price
+their own drafts (counted in, a plain step looked as dear as the others' drafting made it,
+drafting looked cheap, and two clients drafted each other into a loss).
 """
 
 from __future__ import annotations
@@ -78,7 +83,14 @@ class _ParkedView(SequenceView):
     request: BatchedRequest
 
     def _extend(self, tokens: list[int], keep: int) -> torch.Tensor:
-        return self.driver._park(self.request, tokens, keep)
+        start = time.perf_counter()
+        logits, forward = self.driver._park(self.request, tokens, keep)
+        # the base class times the whole call; only the shared forward is this slot's cost,
+        # the rest waited for the other requests to park (their drafting) and the hand-over
+        waited = max(0.0, time.perf_counter() - start - forward)
+        self.waited_seconds += waited
+        self.forward_seconds -= waited
+        return logits
 
 
 @dataclass(eq=False)
@@ -168,7 +180,7 @@ class BatchedRounds:
         self._queue: list[BatchedRequest] = []
         self._live: dict[BatchedRequest, _ParkedView] = {}
         self._parked: dict[BatchedRequest, tuple[list[int], int]] = {}
-        self._answers: dict[BatchedRequest, torch.Tensor | BaseException] = {}
+        self._answers: dict[BatchedRequest, tuple[torch.Tensor | BaseException, float]] = {}   # and forward s
         self._closing = False
         self.forwards = 0          # shared decodes run (rounds), for statistics
         self.max_live = 0          # most requests decoding together so far
@@ -262,8 +274,9 @@ class BatchedRounds:
                 self._cond.notify_all()
             request._done.set()
 
-    def _park(self, request: BatchedRequest, tokens: list[int], keep: int) -> torch.Tensor:
-        """Called by a request's view: wait for the shared forward and return this slot's rows.
+    def _park(self, request: BatchedRequest, tokens: list[int], keep: int) -> tuple[torch.Tensor, float]:
+        """Called by a request's view: wait for the shared forward and return this slot's rows
+        and the forward's own seconds (the rest of the wait was for the others).
 
         Alone (no other live or queued request, no prefill to chunk) the request runs its
         forward itself, without the hand-over to the scheduler thread: the same rows, the
@@ -282,16 +295,17 @@ class BatchedRounds:
             slot = self._live[request].slot
             start = time.perf_counter()
             try:
-                return self.model.score_rows({slot: (tokens, keep)})[slot]
+                logits = self.model.score_rows({slot: (tokens, keep)})[slot]
             finally:
-                self._timed(start, {request: (tokens, keep, 0)})
+                forward = self._timed(start, {request: (tokens, keep, 0)})
+            return logits, forward
         with self._cond:
             self._cond.notify_all()
             self._cond.wait_for(lambda: request in self._answers)
-            answer = self._answers.pop(request)
+            answer, forward = self._answers.pop(request)
         if isinstance(answer, BaseException):
             raise answer
-        return answer
+        return answer, forward
 
     # -- the scheduler ----------------------------------------------------------------------
     def _plan(self, parked: dict) -> tuple[dict, dict]:
@@ -326,9 +340,10 @@ class BatchedRounds:
                 self._prefilled.pop(request, None)
         return batch, unfinished
 
-    def _timed(self, start: float, batch: dict) -> None:
+    def _timed(self, start: float, batch: dict) -> float:
         """Count a forward that began at `start` and just ended, over `batch`'s rows
-        (request -> (tokens, keep, offset)), and tell `on_round` where the round's time went."""
+        (request -> (tokens, keep, offset)), tell `on_round` where the round's time went,
+        and return the forward's seconds."""
         end = time.perf_counter()
         with self._cond:
             gather = max(0.0, start - self._gather_from) if self._gather_from is not None else 0.0
@@ -340,6 +355,7 @@ class BatchedRounds:
             self.on_round(RoundTiming(gather=gather, forward=end - start, sequences=len(batch),
                                       rows=sum(len(plan[0]) for plan in batch.values()),
                                       prefill_rows=prefill))
+        return end - start
 
     def _ready(self) -> bool:
         """Every live request is parked (holding the condition)."""
@@ -354,7 +370,7 @@ class BatchedRounds:
                     return
                 parked, self._parked = self._parked, {}
                 slots = {r: self._live[r].slot for r in parked}
-                gone = {r: Cancelled("cancelled") for r in parked if r.is_cancelled()}
+                gone = {r: (Cancelled("cancelled"), 0.0) for r in parked if r.is_cancelled()}
                 if gone:          # cancelled while parked: answered now, not run (a long prefill)
                     self._answers.update(gone)
                     self._cond.notify_all()
@@ -375,8 +391,8 @@ class BatchedRounds:
             except BaseException as e:   # noqa: BLE001 - every request in the forward gets it
                 answers = {r: e for r in batch}
                 unfinished = {r: v for r, v in unfinished.items() if r not in batch}
-            self._timed(start, batch)
+            forward = self._timed(start, batch)
             with self._cond:
-                self._answers.update(answers)
+                self._answers.update({r: (answer, forward) for r, answer in answers.items()})
                 self._parked.update(unfinished)   # still parked: the rest of its prompt next round
                 self._cond.notify_all()

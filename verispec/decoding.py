@@ -41,7 +41,11 @@ class RoundRecord:
         committed: tokens committed this round (after EOS/budget/stop cuts).
         alphas: [k] float, exact Σ min(p_i, q_i) at each draft position.
         px, qx: [k] float, p_i(x_i) and q_i(x_i) for the drafted tokens.
-        target_seconds: wall time of the verification forward (k+1 tokens).
+        target_seconds: wall time of the verification forward (k+1 tokens); in a
+            batching server (`verispec.batching`), of the shared forward that scored them.
+        waited_seconds: wall time the round's target call spent waiting for other
+            sequences to join its shared forward (batched mode; 0 otherwise), not in
+            target_seconds: it is the others' drafting, not this round's price.
         draft_seconds: wall time spent drafting this round, catch-up excluded.
         catchup_seconds: wall time the drafter spent this round feeding its model the
             context it had missed (the prompt, tokens of plain rounds).
@@ -65,6 +69,7 @@ class RoundRecord:
     catchup_seconds: float = 0.0
     width: int = 0
     tokens: list[int] = field(default_factory=list)
+    waited_seconds: float = 0.0
     logits: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -388,6 +393,7 @@ def decode(
             x, q, cost = propose(drafter, seq, k, sample)
         k = len(x)
         width = min(max(k + 1, policy.verify_width(k + 1)), room) if k else 1
+        waited = target.waited_seconds
         if not k and argmax_only:
             before = target.forward_seconds
             logits = target.sync(seq, keep=1)
@@ -427,7 +433,7 @@ def decode(
             px=p[:k].gather(-1, xt[:, None]).squeeze(-1) if k else no_drafts,
             qx=q.gather(-1, xt[:, None]).squeeze(-1) if k else no_drafts, target_seconds=t_target,
             draft_seconds=cost["seconds"], catchup_seconds=cost["catchup_seconds"], width=width,
-            tokens=out[len(out) - committed:], logits=logits)
+            tokens=out[len(out) - committed:], logits=logits, waited_seconds=target.waited_seconds - waited)
         stats.draft_forwards += cost["forwards"]
         stats.draft_seconds += cost["seconds"] + cost["catchup_seconds"]
         stats.record(record)

@@ -37,6 +37,9 @@ class CausalLM(ABC):
     eos_token_ids: frozenset[int] = frozenset()
     tokenizer = None
     name: str = "model"
+    # seconds inside forward() spent waiting for other sequences' rows (a batching server's
+    # slot, `verispec.batching`); not in forward_seconds
+    waited_seconds: float = 0.0
 
     def __init__(self) -> None:
         self.tokens: list[int] = []

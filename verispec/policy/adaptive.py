@@ -323,11 +323,12 @@ class AdaptivePolicy(Policy):
 
     # -- learning ------------------------------------------------------------------------
     def _wall(self, record: RoundRecord) -> float | None:
-        """Wall seconds since `choose`, catch-up excluded; None without a clock or > 0 value."""
+        """Wall seconds since `choose`, catch-up and the wait for other sequences (batched
+        mode) excluded; None without a clock or > 0 value."""
         started, self._started = self._started, None
         if started is None or self.clock is None:
             return None
-        wall = self.clock() - started - record.catchup_seconds
+        wall = self.clock() - started - record.catchup_seconds - record.waited_seconds
         return wall if wall > 0 and math.isfinite(wall) else None
 
     def observe(self, record: RoundRecord) -> None:
