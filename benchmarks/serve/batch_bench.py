@@ -153,19 +153,24 @@ def main() -> None:
     ap.add_argument("--drafter", default=None, help="verispec serve's --drafter (default: the server's own)")
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--requests", type=int, default=16, help="requests per level: Spec-Bench's first N first turns")
+    ap.add_argument("--requests", type=int, default=16,
+                    help="requests per level: the first N first turns (2 per category, or all of --categories)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--ctx", type=int, default=2048, help="llama-server context per slot")
     ap.add_argument("--servers", default="verispec,llama-server",
                     help="comma list of verispec, verispec-no-invariant, llama-server")
     ap.add_argument("--bin-dir", default=str(BIN))
     ap.add_argument("--dataset", default=None)
+    ap.add_argument("--categories", default=None,
+                    help="comma list of prompt categories (e.g. code-edit); default: every category of the dataset")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     clients = [int(c) for c in args.clients.split(",")]
     servers = args.servers.split(",")
-    texts = [p.text for p in load_prompts(args.dataset, per_category=2)][:args.requests]
+    categories = args.categories.split(",") if args.categories else None
+    texts = [p.text for p in load_prompts(args.dataset, categories, per_category=2 if categories is None else 0)
+             ][:args.requests]
     # repacking off for every server, as llama-server's --no-repack (the batch-invariant mode has it off anyway)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VERISPEC_LLAMACPP_REPACK": "0"}
     rows, commands = [], {}
