@@ -241,9 +241,10 @@ def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) 
                     drafted[name] += counts[0]
                     accepted[name] += counts[1]
             shown = ", ".join(f"{name} {count}/{accepted[name]}" for name, count in sorted(drafted.items())) or "–"
-            spent = got[0].get("batch") or {}
+            spent = got[0].get("batch") or {}       # N = 1: no batched forwards, no figures
             spent = (f"{spent.get('forward_seconds_decode', 0):.1f} / {spent.get('forward_seconds_prefill', 0):.1f} / "
-                     f"{spent.get('gather_seconds', 0):.1f} of {got[0]['level_seconds']:.1f}") if spent else "–"
+                     f"{spent.get('gather_seconds', 0):.1f} of {got[0]['level_seconds']:.1f}"
+                     ) if spent.get("forwards") else "–"
             lines.append(f"| {kind} | {n} | {len(got)} | {tokens / got[0]['level_seconds']:.1f} | "
                          f"{statistics.mean(lat):.2f} | {p95(lat):.2f} | {same}/{len(got)} | {agree}/{len(got)} | "
                          f"{shown} | {spent} |")
