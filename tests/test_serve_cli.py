@@ -97,3 +97,18 @@ def test_the_limit_options_default_to_the_limits_the_app_documents():
     params = inspect.signature(serve).parameters
     for f in dataclasses.fields(Limits):
         assert params[f.name].default.default == f.default, f.name
+
+
+def test_the_warm_up_times_the_draft_models_catch_up_and_draft_step_too(tiny_pair):
+    """`verispec serve --k auto` warms up before its first request; a warm-up prompt too
+    short for the draft model's calibration (it was "Hello") left its catch-up unpriced,
+    and the policy then read a whole prompt into the draft model at a price of 0 s."""
+    from verispec.api import SpeculativeDecoder
+    from verispec.cli.serve import warm_up
+
+    target, draft = tiny_pair
+    decoder = SpeculativeDecoder(target, draft, drafter="model")
+    warm_up(decoder)
+    costs = decoder.auto_policy("model").costs
+    assert costs.ready
+    assert costs.draft_time("model") is not None and costs.catchup_time("model") is not None

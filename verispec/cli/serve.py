@@ -18,6 +18,23 @@ from ..drafters import SERVE_CACHE_TOKENS
 from .common import (BACKEND, BATCH_INVARIANT, DRAFT, DRAFTER, K_MAX, RULE, TARGET, THREADS, build_decoder, check_rule, err,
                      fail, parse_k)
 
+# The warm-up prompt: long enough (> 34 tokens) for a draft model to time its catch-up and
+# its draft steps too (`ModelDrafter.calibrate`); with "Hello" it could not, and the adaptive
+# policy priced a draft model's first catch-up over a whole prompt at 0 s.
+WARMUP_TEXT = ("A server times its models once before the first request: the target's forwards over "
+               "one to nine tokens, and the draft model reading a few dozen tokens of context and then "
+               "drafting one, so that the adaptive policy knows every price before it must choose.")
+
+
+def warm_up(decoder) -> None:
+    """Time this machine's prices for k = auto once, before the first request: one short
+    generation of `WARMUP_TEXT` (token ids 0..63 without a tokenizer) calibrates the
+    target's cost curve and the draft model's catch-up and draft step
+    (`AdaptivePolicy.calibrate`)."""
+    vocab = decoder.target.vocab_size
+    prompt = [i % vocab for i in range(64)] if decoder.tokenizer is None else WARMUP_TEXT
+    decoder.generate(prompt, max_new_tokens=2, k="auto", use_chat_template=False)
+
 
 def serve(
     target: str | None = TARGET,
@@ -110,8 +127,7 @@ def serve(
                                                   threads=threads)
             if k_value == "auto":    # time this machine's cost curve once, before the first request
                 with err.status("warming up (k=auto times the target's cost curve)"):
-                    prompt = [0, 1] if decoder.tokenizer is None else "Hello"
-                    decoder.generate(prompt, max_new_tokens=2, k="auto", use_chat_template=False)
+                    warm_up(decoder)
             batch = None
             if max_seqs > 1:
                 if used_backend != "llamacpp":
