@@ -1,3 +1,4 @@
+import math
 import random
 
 import pytest
@@ -380,3 +381,24 @@ def test_no_probe_under_load_where_every_other_sequence_would_wait_for_it():
     assert not any(feed(loaded, 0.1, curve, 0.05, rounds=80, seed=1))   # never under load
     loaded.costs.set_load()                                              # alone again: probes resume
     assert any(feed(loaded, 0.1, curve, 0.05, rounds=80, seed=1))
+
+
+def test_under_load_a_catch_up_nobody_has_timed_is_not_taken():
+    """Alone, a draft model whose catch-up cost is unknown is tried (charged 0 s); under a
+    load of B sequences every other request would wait for its whole-prompt catch-up, so
+    an unknown catch-up is not taken there, and a timed one is charged B times over."""
+    curve = lambda n: 1.0 + 0.1 * (n - 1)
+    policy = AdaptivePolicy({"model": CatchingUpDrafter()}, k_max=4)
+    for n in range(1, 6):                                   # T_t known, T_d known, catch-up not
+        policy.observe(record(n - 1, 0, 0.0, curve(n), 0.0, drafter="calibration"))
+    policy.costs.observe_draft("model", 0.01)
+    policy.estimates.observe("model", [0.95] * 4, 4)       # a draft that pays when priced
+    prompt = [0] * 700
+    assert policy.catchup_charge("model", prompt) == (0.0, 700)
+    assert policy.choose(prompt)[1] > 0                     # alone: tried
+    policy.costs.set_load(sequences=2, other_rows=1)
+    assert policy.catchup_charge("model", prompt) == (math.inf, 700)
+    assert policy.choose(prompt)[1] == 0                    # under load: not taken
+    policy.costs.observe_catchup("model", 0.0001)
+    assert policy.catchup_charge("model", prompt)[0] == pytest.approx(2 * 700 * 0.0001)
+    assert policy.choose(prompt)[1] > 0                     # timed and cheap: taken again

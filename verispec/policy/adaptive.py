@@ -230,14 +230,18 @@ class AdaptivePolicy(Policy):
 
     def catchup_charge(self, name: str, seq: Sequence[int]) -> tuple[float, int]:
         """(seconds, tokens) of the catch-up drafter `name` needs before drafting after
-        `seq`: its `catchup_tokens` × its seconds per token (0 s while that is unknown),
-        × B under a load of B sequences (every other sequence waits for it; `costs`)."""
+        `seq`: its `catchup_tokens` × its seconds per token, × B under a load of B sequences
+        (every other sequence waits for it; `costs`). While the seconds per token are
+        unknown: 0 s alone (try it), infinite under load (every sequence would wait for a
+        catch-up nobody has timed: a draft model's first draft read a 700-token prompt
+        while the other request waited, `benchmarks/serve/README.md`)."""
         if name not in self.catching_up:
             return 0.0, 0
         missing = self.drafters[name].catchup_tokens(seq)
         per_token = self.costs.catchup_time(name)
-        seconds = missing * per_token * self.costs.sequences if per_token is not None else 0.0
-        return seconds, missing
+        if per_token is None:
+            return (math.inf if self.costs.sequences > 1 and missing > 2 else 0.0), missing
+        return missing * per_token * self.costs.sequences, missing
 
     def pays_for(self, speedup: float, charge: float, seq: Sequence[int]) -> bool:
         """Whether drafting at `speedup` for the rest of the budget pays `charge` seconds
