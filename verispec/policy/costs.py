@@ -42,9 +42,11 @@ policy, the analysis and the planner share one abstraction.
 
 Under load (a batching server, `verispec.batching`): T_t is learned by the rows of the whole
 forward - a round whose forward also carried R rows of other sequences is filed under
-T_t(R + width) (`set_load(other_rows=R)`) - and priced with the planner's `--batch` maths
+T_t(R + width) (`set_load(other_rows=R)`), in a table of its own (`loaded_cost`: rows of
+several sequences cost more than as many rows of one, whose solo curve a shared width never
+measured is scaled from, `price`) - and priced with the planner's `--batch` maths
 (`verispec.plan`): with B sequences sharing the forward, each verifying n tokens, a round
-costs T_B(n) = T_t(B·n) (`set_load(sequences=B)`), and its drafts B·k·T_d: each sequence
+costs T_B(n) = T_t(B·n) (`set_load(sequences=B)`; `price`), and its drafts B·k·T_d: each sequence
 drafts in its own thread, one after another (a draft model's forwards are each request's
 own; a drafter in Python holds the interpreter), and the shared forward waits for the last,
 so one sequence's k drafted tokens hold up all B. Hence S(k) = E·T_t(B) / (B·k·T_d +
@@ -93,6 +95,7 @@ class OnlineCostCurve:
         self.n_max, self.decay, self.explore_slope, self.margin = n_max, decay, explore_slope, margin
         self.prior_weight = prior_weight
         self.target_cost: dict[int, Decayed] = {}
+        self.loaded_cost: dict[int, Decayed] = {}   # T_t by the forward's total rows, under load
         self.draft_cost = {name: Decayed() for name in drafters}
         self.catchup_cost = {name: Decayed() for name in self.draft_cost}
         self.overhead: dict[str | None, Decayed] = {name: Decayed() for name in (None, *self.draft_cost)}
@@ -143,18 +146,21 @@ class OnlineCostCurve:
         `seconds`; False (refused) unless finite and > 0."""
         return self._file(n + self.other_rows, seconds)
 
-    def _file(self, rows: int, seconds: float) -> bool:
+    def _file(self, rows: int, seconds: float, alone: bool | None = None) -> bool:
         if not self.accepts(seconds):
             return False
         self._curves.clear()
-        return self.target_cost.setdefault(rows, Decayed()).add(seconds, self.decay)
+        if alone is None:
+            alone = self.sequences == 1 and self.other_rows == 0
+        table = self.target_cost if alone else self.loaded_cost
+        return table.setdefault(rows, Decayed()).add(seconds, self.decay)
 
     def reset_target(self, n: int, seconds: float) -> bool:
         """Replace T_t(n) by one fresh measurement of n rows alone (calibration)."""
         if not self.accepts(seconds):
             return False
         self.target_cost[n] = Decayed()
-        return self._file(n, seconds)
+        return self._file(n, seconds, alone=True)
 
     def observe_draft(self, name: str, seconds_per_token: float) -> bool:
         """Drafter `name` drafted at `seconds_per_token`; False (refused) unless finite, >= 0."""
@@ -231,6 +237,32 @@ class OnlineCostCurve:
         _, slope = fit_linear(widths, [self.target_cost[m].mean for m in widths])
         return low + max(0.0, slope) * (n - below)
 
+    def _measured(self, rows: int) -> Decayed | None:
+        """The measured T_t(rows) of the current load: alone, of one sequence's forwards;
+        under load, of shared forwards (filed by their total rows)."""
+        return (self.loaded_cost if self.sequences > 1 else self.target_cost).get(rows)
+
+    def price(self, rows: int) -> float:
+        """T_t of a forward of `rows` rows under the current load, seconds (module docstring,
+        "Under load"): alone, `target(rows)`; under load, the shared forwards' measured mean,
+        else the single-sequence curve scaled by the ratio of the two at the nearest width
+        measured under load (rows of several sequences cost more than as many rows of one:
+        on a 2-core CPU, two sequences' single rows 93 ms against one sequence's two 73 ms),
+        or the single-sequence curve itself before any shared forward was timed.
+
+        Raises:
+            ValueError: before T_t(1) is known.
+        """
+        if self.sequences == 1:
+            return self.target(rows)
+        cost = self.loaded_cost.get(rows)
+        if cost is not None:
+            return cost.mean
+        if not self.loaded_cost:
+            return self.target(rows)
+        near = min(self.loaded_cost, key=lambda m: (abs(m - rows), m))
+        return self.target(rows) * self.loaded_cost[near].mean / self.target(near)
+
     def draft_time(self, name: str) -> float | None:
         """T_d of drafter `name`, seconds per drafted token (None before its first draft)."""
         cost = self.draft_cost[name]
@@ -247,10 +279,10 @@ class OnlineCostCurve:
         if not self.ready:
             return n
         b = self.sequences
-        base = self.target(b * n)
+        base = self.price(b * n)
         best, best_t = n, base
         for m in range(n + 1, self.n_max + 1):
-            cost = self.target_cost.get(b * m)
+            cost = self._measured(b * m)
             if cost is not None and cost.mean < best_t:
                 best, best_t = m, cost.mean
         return best if best_t < base * (1.0 - self.margin) else n
@@ -267,8 +299,8 @@ class OnlineCostCurve:
             ValueError: before T_t(1) is known.
         """
         b = self.sequences
-        t1 = self.target(b)
-        one, two, three = (self.target_cost.get(n * b) for n in (1, 2, 3))
+        t1 = self.price(b)
+        one, two, three = (self._measured(n * b) for n in (1, 2, 3))
         if two is not None and three is not None and (one is None or one.weight <= min(two.weight, three.weight)):
             t1 = min(t1, max(2 * two.mean - three.mean, 0.25 * two.mean))
         return t1
@@ -285,7 +317,7 @@ class OnlineCostCurve:
                 return None
             b = self.sequences
             plain, drafted = self.round_overhead(None), self.round_overhead(name)
-            times = [self.single_step() + plain] + [self.target(b * self.verify_width(n)) + drafted
+            times = [self.single_step() + plain] + [self.price(b * self.verify_width(n)) + drafted
                                                     for n in range(2, self.n_max + 1)]
             curve = self._curves[name] = CostCurve(tuple(times), b * t_d)
         return curve
