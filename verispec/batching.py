@@ -182,7 +182,7 @@ class BatchedRounds:
         self._parked: dict[BatchedRequest, tuple[list[int], int]] = {}
         self._answers: dict[BatchedRequest, tuple[torch.Tensor | BaseException, float]] = {}   # and forward s
         self._closing = False
-        self.forwards = 0          # shared decodes run (rounds), for statistics
+        self.forwards = 0          # target forwards run (shared rounds, and a lone request's own), for statistics
         self.max_live = 0          # most requests decoding together so far
         self.on_round: Callable[[RoundTiming], None] | None = None   # told after every forward
         self._gather_from: float | None = None    # end of the last forward, while requests are live

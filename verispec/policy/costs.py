@@ -100,6 +100,7 @@ class OnlineCostCurve:
         self.catchup_cost = {name: Decayed() for name in self.draft_cost}
         self.overhead: dict[str | None, Decayed] = {name: Decayed() for name in (None, *self.draft_cost)}
         self._curves: dict[str, CostCurve] = {}   # per drafter, until the next observation or load
+        self._slope: float | None = None            # of the solo curve, until its next observation
         self.sequences, self.other_rows = 1, 0     # the load (`set_load`)
 
     @classmethod
@@ -152,6 +153,8 @@ class OnlineCostCurve:
         self._curves.clear()
         if alone is None:
             alone = self.sequences == 1 and self.other_rows == 0
+        if alone:
+            self._slope = None
         table = self.target_cost if alone else self.loaded_cost
         return table.setdefault(rows, Decayed()).add(seconds, self.decay)
 
@@ -233,9 +236,11 @@ class OnlineCostCurve:
             return low + (high - low) * (n - below) / (above - below)
         if len(widths) < 2:
             return optimistic
-        # beyond the widest: CostCurve.target's rule (least-squares slope, at least 0)
-        _, slope = fit_linear(widths, [self.target_cost[m].mean for m in widths])
-        return low + max(0.0, slope) * (n - below)
+        # beyond the widest: CostCurve.target's rule (least-squares slope, at least 0), fitted
+        # once per change of the curve (a batched policy prices dozens of wide widths a round)
+        if self._slope is None:
+            self._slope = max(0.0, fit_linear(widths, [self.target_cost[m].mean for m in widths])[1])
+        return low + self._slope * (n - below)
 
     def _measured(self, rows: int) -> Decayed | None:
         """The measured T_t(rows) of the current load: alone, of one sequence's forwards;
