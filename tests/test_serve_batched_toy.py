@@ -227,9 +227,10 @@ def test_every_shared_forward_is_timed_once_with_its_rows_and_prompt_rows():
     alone = driver.submit([1, 2, 3], make_policy(2, {}), sampling=greedy, max_new_tokens=5,
                           rng=SeededRandomness(0))
     alone.result(WAIT)                          # alone: runs its own forwards
-    handles = [driver.submit(prompt, make_policy(k, {}), sampling=greedy, max_new_tokens=12,
-                             rng=SeededRandomness(0)) for prompt, k in
-               (([(3 * i) % V for i in range(1, 30)], 0), ([5, 6], 3))]
+    with driver._cond:       # both admitted before either parks: they share forwards
+        handles = [driver.submit(prompt, make_policy(k, {}), sampling=greedy, max_new_tokens=12,
+                                 rng=SeededRandomness(0)) for prompt, k in
+                   (([(3 * i) % V for i in range(1, 30)], 0), ([5, 6], 3))]
     for h in handles:
         h.result(WAIT)
     driver.close()
@@ -283,10 +284,11 @@ def test_a_rounds_target_time_is_its_shared_forward_not_the_wait_for_the_others_
     driver = BatchedRounds(model)
     greedy = SamplingConfig(temperature=0.0)
     plain_rounds = []
-    drafting = driver.submit([1, 2, 3], FixedPolicy(_SlowDrafter(delay), 2), sampling=greedy,
-                             max_new_tokens=60, rng=SeededRandomness(0))
-    plain = driver.submit([4, 5], make_policy(0, {}), sampling=greedy, max_new_tokens=12,
-                          rng=SeededRandomness(0), observer=plain_rounds.append)
+    with driver._cond:       # both admitted before either parks: they share forwards
+        drafting = driver.submit([1, 2, 3], FixedPolicy(_SlowDrafter(delay), 2), sampling=greedy,
+                                 max_new_tokens=60, rng=SeededRandomness(0))
+        plain = driver.submit([4, 5], make_policy(0, {}), sampling=greedy, max_new_tokens=12,
+                              rng=SeededRandomness(0), observer=plain_rounds.append)
     solo = FunctionModel(toy_logits, V, context_length=CONTEXT)
     assert plain.result(WAIT).tokens == decode(solo, [4, 5], make_policy(0, {}), sampling=greedy,
                                                max_new_tokens=12, rng=SeededRandomness(0)).tokens
