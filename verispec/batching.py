@@ -43,7 +43,7 @@ import torch
 
 from .decoding import DecodeResult, Policy, RoundRecord, decode
 from .models.llamacpp import is_prefill
-from .models.llamacpp_batch import LlamaCppBatchModel, SequenceView
+from .models.llamacpp_batch import LlamaCppBatchModel, SequenceView, is_prompt_piece
 from .policy.costs import OnlineCostCurve
 from .sampling import Randomness, SamplingConfig
 from .verify import Rule, standard
@@ -350,7 +350,7 @@ class BatchedRounds:
             self._gather_from = end
             self.forwards += 1
         prefill = sum(len(tokens) for tokens, keep, offset in batch.values()
-                      if is_prefill(len(tokens), keep) or (keep <= 1 and offset > 0))
+                      if is_prompt_piece(len(tokens), keep, offset))
         if self.on_round is not None:
             self.on_round(RoundTiming(gather=gather, forward=end - start, sequences=len(batch),
                                       rows=sum(len(plan[0]) for plan in batch.values()),

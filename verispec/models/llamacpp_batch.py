@@ -83,6 +83,12 @@ class SequenceView(CausalLM):
         self.owner.close(self)
 
 
+def is_prompt_piece(n_tokens: int, keep: int, offset: int = 0) -> bool:
+    """Whether `score_rows` runs a slot's n_tokens rows as a prefill (alone, on the fast
+    kernels): a prefill (`is_prefill`), or a later piece of one (offset > 0, keep <= 1)."""
+    return is_prefill(n_tokens, keep) or (keep <= 1 and offset > 0)
+
+
 class LlamaCppBatchModel:
     """A GGUF model in one llama.cpp context with `n_seq_max` independent sequences.
 
@@ -300,7 +306,7 @@ class LlamaCppBatchModel:
             done = offset[0] if offset else 0
             n_past = len(self._views[slot].tokens) + done
             rows = [(slot, t, n_past + i, i >= len(tokens) - keep) for i, t in enumerate(tokens)]
-            if is_prefill(len(tokens), keep) or (keep <= 1 and done > 0):   # done > 0: a later piece
+            if is_prompt_piece(len(tokens), keep, done):
                 for s in range(0, len(rows), N_BATCH):
                     self._run(rows[s:s + N_BATCH], kept, reference=False)
             else:

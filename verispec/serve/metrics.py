@@ -22,12 +22,13 @@ reports, so summed over responses they equal the totals here exactly:
 | `verispec:request_queue_time_seconds` | histogram | arrival to start of decoding |
 | `verispec:num_requests_running`, `verispec:num_requests_waiting` | gauge | now: decoding (0 or 1, up to `--max-seqs` batched), queued |
 
-With `--max-seqs` > 1 (continuous batching) four counters say, per shared target forward
-(`verispec.batching.RoundTiming`), where the server's time goes; they are not per request:
+With `--max-seqs` > 1 (continuous batching) four counters say, per target forward of the
+batched mode (a shared round, or a request alone running its own; `verispec.batching.RoundTiming`),
+where the server's time goes; they are not per request:
 
 | metric | type | what (per forward, summed) |
 |---|---|---|
-| `verispec:batch_forwards_total`, `verispec:batch_rows_total` | counter | shared target forwards, and the rows they carried |
+| `verispec:batch_forwards_total`, `verispec:batch_rows_total` | counter | target forwards, and the rows they carried |
 | `verispec:batch_forward_seconds_total{kind}` | counter | seconds inside forwards: `kind="decode"` (no prompt rows) or `"prefill"` (carried prompt pieces) |
 | `verispec:batch_gather_seconds_total` | counter | seconds the target waited between forwards for every live request to park its rows (their rule, streaming, policy and drafting, and the hand-overs) |
 
