@@ -152,7 +152,7 @@ class OnlineCostCurve:
             return False
         self._curves.clear()
         if alone is None:
-            alone = self.sequences == 1 and self.other_rows == 0
+            alone = self.alone
         if alone:
             self._slope = None
         table = self.target_cost if alone else self.loaded_cost
@@ -242,10 +242,16 @@ class OnlineCostCurve:
             self._slope = max(0.0, fit_linear(widths, [self.target_cost[m].mean for m in widths])[1])
         return low + self._slope * (n - below)
 
+    @property
+    def alone(self) -> bool:
+        """No other sequence shares the forward (`set_load`'s default): prices and
+        observations are the single-sequence curve's, else the shared forwards'."""
+        return self.sequences == 1 and self.other_rows == 0
+
     def _measured(self, rows: int) -> Decayed | None:
         """The measured T_t(rows) of the current load: alone, of one sequence's forwards;
         under load, of shared forwards (filed by their total rows)."""
-        return (self.loaded_cost if self.sequences > 1 else self.target_cost).get(rows)
+        return (self.target_cost if self.alone else self.loaded_cost).get(rows)
 
     def price(self, rows: int) -> float:
         """T_t of a forward of `rows` rows under the current load, seconds (module docstring,
@@ -258,7 +264,7 @@ class OnlineCostCurve:
         Raises:
             ValueError: before T_t(1) is known.
         """
-        if self.sequences == 1:
+        if self.alone:
             return self.target(rows)
         cost = self.loaded_cost.get(rows)
         if cost is not None:

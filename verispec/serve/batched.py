@@ -29,7 +29,8 @@ What batched mode does differently from batch size 1 (said in `verispec serve --
 * a draft model decodes in a second `LlamaCppBatchModel` with one slot per request; its
   forwards are each request's own (serialised), not batched, and priced so: B sequences'
   drafts cost B·k·T_d (`verispec.policy.costs`), so under load the draft model drafts only
-  where that still pays (on a 2-core CPU, a few probes per request at most);
+  where that still pays on the prices already measured (no probes, no untimed catch-up under
+  load: `verispec.policy.adaptive`);
 * k = "auto": each request has its own adaptive policy, started from the decoder's
   calibrated cost curve and told the load every round (`OnlineCostCurve.set_load`), so
   it drafts less as other requests fill the forward.
