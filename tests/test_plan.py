@@ -177,7 +177,7 @@ def test_gguf_parsing_of_registered_models(name, layers, heads, kv, head_dim, pr
 def test_config_json_of_converted_registered_models_agrees_with_the_gguf(name):
     hf = registry.hf_dir(name)
     if not (hf / "config.json").is_file():
-        pytest.skip(f"{name} is not converted (verispec models fetch {name})")
+        pytest.skip(f"{name} is not converted (verispec models fetch --convert {name})")
     from_cfg, from_gguf = shape_from_config(hf), shape_from_gguf(_gguf_or_skip(name))
     assert from_cfg.n_layers == from_gguf.n_layers and from_cfg.head_dim == from_gguf.head_dim
     assert from_cfg.decode_params == pytest.approx(from_gguf.decode_params, rel=0.002)
@@ -380,7 +380,7 @@ def test_fit_recovers_a_known_stack_from_curves_it_generated():
 def test_calibrate_fits_a_stack_to_a_real_models_curve():
     """--hardware local --calibrate: time SmolLM2-135M (transformers) and fit this machine's stack."""
     if not (registry.hf_dir("smollm2-135m") / "config.json").is_file():
-        pytest.skip("smollm2-135m is not converted (verispec models fetch smollm2-135m)")
+        pytest.skip("smollm2-135m is not converted (verispec models fetch --convert smollm2-135m)")
     from verispec.plan.fit import calibrate
 
     hw = Hardware("cpu", bandwidth=10e9, flops=100e9)   # fixed ceilings: no micro-benchmark in a test

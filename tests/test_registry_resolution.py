@@ -79,7 +79,7 @@ def test_resolve_hub_id_passthrough(model_cache):
 
 
 def test_resolve_registered_not_fetched_without_fetching(model_cache):
-    with pytest.raises(ModelNotFetchedError, match=r"verispec models fetch smollm2-135m"):
+    with pytest.raises(ModelNotFetchedError, match=r"verispec models fetch --convert smollm2-135m"):
         registry.resolve("smollm2-135m", fetch_missing=False)
 
 

