@@ -170,3 +170,21 @@ def test_repacking_is_off_in_the_invariant_mode_and_on_request_otherwise(monkeyp
     monkeypatch.setenv(REPACK_ENV, "off")
     with pytest.raises(ValueError, match=REPACK_ENV):
         use_extra_buffers(False)
+
+
+def test_rows_are_grouped_by_block_width(batch, solo, ids):
+    """Sequences with equal blocks share one decode; a wider block runs in a decode of its own
+    (llama.cpp would cut a mixed decode into ubatches of equal rows per sequence: [A1+B1+C1]
+    then [A3], dearer than [B1+C1] then [A4]); the logits stay the solo ones."""
+    r = Replay(batch)
+    a, b, c = r.open(), r.open(), r.open()
+    r.forward_many({a: (ids[:30], 1), b: (ids[100:140], 1), c: (ids[200:220], 1)})
+    before = batch.decodes
+    r.forward_many({a: ids[30:34], b: ids[140:141], c: ids[220:221]})        # widths 4, 1, 1
+    assert batch.decodes - before == 2
+    before = batch.decodes
+    r.forward_many({a: ids[34:36], b: ids[141:143], c: ids[221:223]})        # one width
+    assert batch.decodes - before == 1
+    for view in (a, b, c):
+        assert r.check(solo, view) >= 3
+        view.close()

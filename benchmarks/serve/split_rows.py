@@ -10,6 +10,10 @@ and times forwards of a few row shapes ("A4+B1": 4 rows of slot A and 1 of slot 
 one request verifies 3 drafts while the other takes a plain step), each rolled back after
 timing. Prints the median milliseconds per shape (the first repeat warms up). Weights are not
 repacked (VERISPEC_LLAMACPP_REPACK=0 unless set), as in `rows_cost.py`.
+
+`score_rows` groups a forward's rows by block width (one decode per width), so "A4+B1" is
+[B1] then [A4]; the "joint" shapes put every row in one `llama_decode`, as before the
+grouping, which llama.cpp cuts into ubatches of equal rows per sequence ([A1+B1], [A3]).
 """
 
 from __future__ import annotations
@@ -26,7 +30,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from verispec import registry  # noqa: E402
 from verispec.models.llamacpp_batch import LlamaCppBatchModel  # noqa: E402
 
-SHAPES = {"A1": (1, 0), "A1+B1": (1, 1), "A2": (2, 0), "A4": (4, 0), "A4+B1": (4, 1), "A4+B4": (4, 4)}
+SHAPES = {"A1": (1, 0), "A1+B1": (1, 1), "A2": (2, 0), "A4": (4, 0), "A4+B1": (4, 1), "A4+B1 joint": (4, 1),
+          "A4+B4": (4, 4)}
+
+
+def one_decode(model: LlamaCppBatchModel, plan: dict[int, tuple[list[int], int]]) -> None:
+    """Every row of `plan` (slot -> (tokens, keep)) in a single llama_decode, on the kernels
+    `score_rows` uses for them (the reference ones where the switch exists)."""
+    rows = [(slot, t, len(model._views[slot].tokens) + i, i >= len(tokens) - keep)
+            for slot, (tokens, keep) in sorted(plan.items()) for i, t in enumerate(tokens)]
+    with model.lock:
+        model._run(rows, {slot: [] for slot in plan}, reference=True)
 
 
 def measure(gguf: str, unified: bool, repeats: int, threads: int) -> dict[str, float]:
@@ -42,7 +56,10 @@ def measure(gguf: str, unified: bool, repeats: int, threads: int) -> dict[str, f
             for name, (rows_a, rows_b) in SHAPES.items():
                 plan = {view.slot: ([1000 + i for i in range(n)], n) for view, n in ((a, rows_a), (b, rows_b)) if n}
                 start = time.perf_counter()
-                model.score_rows(plan)
+                if name.endswith("joint"):
+                    one_decode(model, plan)
+                else:
+                    model.score_rows(plan)
                 times[name].append(time.perf_counter() - start)
                 for view in (a, b):
                     model._seq_rm(view.slot, len(view.tokens))     # roll the timed rows back

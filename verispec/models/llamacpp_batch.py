@@ -282,8 +282,15 @@ class LlamaCppBatchModel:
         run by earlier calls, a prefill in chunks); keep = 0 returns no rows ([0, V]).
         Prefills (keep <= 1 and more than `INVARIANT_ROWS` tokens, or a later piece of one:
         offset > 0) run alone in N_BATCH pieces on the fast kernels, as a solo
-        `LlamaCppModel` prefills; every other row is packed, in slot order, into decodes of
-        at most `max_rows` rows (on the reference kernels where the switch exists).
+        `LlamaCppModel` prefills; every other row runs on the reference kernels (where the
+        switch exists) in decodes of at most `max_rows` rows, grouped by block width: the
+        sequences that bring the same number of rows share decodes (in slot order), each
+        width in decodes of its own, narrowest first. With one KV stream per slot llama.cpp
+        cuts a forward into ubatches of equal rows per sequence, so one sequence's 4 rows
+        beside another's 1 would run as [A1+B1] then [A3] (229 ms, Qwen 1.5B on 2 cores)
+        where [B1] then [A4] take 194 (benchmarks/serve/split_rows.py). The grouping
+        changes no logits: in the batch-invariant mode a row's numbers do not depend on
+        the other rows of its decode (module docstring).
 
         The low-level form of `forward_many` for a driver that keeps the views' `tokens`
         itself (`verispec.batching`: the views' own `forward` appends them): it does not
@@ -301,7 +308,7 @@ class LlamaCppBatchModel:
 
     def _decode_locked(self, plan: dict[int, tuple]) -> dict[int, torch.Tensor]:
         kept: dict[int, list[np.ndarray]] = {slot: [] for slot in plan}
-        packed: list[tuple[int, int, int, bool]] = []     # (slot, token, pos, logits?)
+        by_width: dict[int, list[tuple[int, int, int, bool]]] = {}    # width -> (slot, token, pos, logits?)
         for slot, (tokens, keep, *offset) in sorted(plan.items()):
             done = offset[0] if offset else 0
             n_past = len(self._views[slot].tokens) + done
@@ -310,9 +317,11 @@ class LlamaCppBatchModel:
                 for s in range(0, len(rows), N_BATCH):
                     self._run(rows[s:s + N_BATCH], kept, reference=False)
             else:
-                packed.extend(rows)
-        for s in range(0, len(packed), self.max_rows):
-            self._run(packed[s:s + self.max_rows], kept, reference=True)
+                by_width.setdefault(len(tokens), []).extend(rows)
+        for width in sorted(by_width):
+            packed = by_width[width]
+            for s in range(0, len(packed), self.max_rows):
+                self._run(packed[s:s + self.max_rows], kept, reference=True)
         return {slot: torch.from_numpy(np.stack(kept[slot]) if kept[slot]
                                        else np.zeros((0, self.vocab_size), np.float32)) for slot in plan}
 
