@@ -18,8 +18,12 @@ N = 1 both decode each prompt from an empty cache. Servers run one at a time
 (each its own process); nothing else of this script runs while one is measured but the
 clients.
 
-Reported per (server, N): aggregate output tokens/s = Σ tokens / wall seconds of the level
-(first request sent to last response received), mean and p95 request latency (client side),
+With --repeats R every level runs the server list R times in turn (A B A B ...), so a drift
+of this machine's speed over minutes falls on both; the figures then pool the R runs.
+
+Reported per (server, N): aggregate output tokens/s = Σ tokens / Σ wall seconds of the level's
+runs (first request sent to last response received; each run's own figure beside it), the
+ratio to llama-server's at the same N, mean and p95 request latency (client side),
 and the ids check: how many responses equal that server's own N = 1 response for the same
 prompt token for token (verispec's batched mode must give all; llama-server's batching is not
 batch-invariant), and how many of llama-server's equal verispec's.
@@ -159,6 +163,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=2048, help="llama-server context per slot")
     ap.add_argument("--servers", default="verispec,llama-server",
                     help="comma list of verispec, verispec-no-invariant, llama-server")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each server per level, in turn (A B A B): the figures pool them")
     ap.add_argument("--bin-dir", default=str(BIN))
     ap.add_argument("--dataset", default=None)
     ap.add_argument("--categories", default=None,
@@ -166,6 +172,8 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
     clients = [int(c) for c in args.clients.split(",")]
     servers = args.servers.split(",")
     categories = args.categories.split(",") if args.categories else None
@@ -176,29 +184,29 @@ def main() -> None:
     rows, commands = [], {}
     meta = collect_meta(command=" ".join(shlex.quote(a) for a in sys.argv), servers=commands,
                         llama_cpp_build=str(args.bin_dir), max_tokens=args.max_tokens,
-                        requests=args.requests, threads=args.threads)
+                        requests=args.requests, threads=args.threads, repeats=args.repeats)
     prompts: list[list[int]] | None = None
-    for n in clients:
-        for kind in servers:
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            cmd = llama_cmd(args, n, port) if kind == "llama-server" else verispec_cmd(
-                args, n, port, invariant=kind == "verispec")
-            commands[kind] = ("VERISPEC_LLAMACPP_REPACK=0 " if kind != "llama-server" else "") + shlex.join(cmd)
-            with served(cmd, url, out / f"{kind}-{n}.log", env=env):
-                if prompts is None:          # verispec's chat template, once, for every server
-                    if kind == "llama-server":
-                        raise SystemExit("list a verispec server first in --servers (it tokenizes the prompts)")
-                    prompts = [httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": t}]},
-                                          timeout=60).json()["tokens"] for t in texts]
-                got = level(kind, url, prompts, n, args.max_tokens)
-                spent = batch_time(url) if kind != "llama-server" else {}
-            for row in got:
-                rows.append({"server": kind, "clients": n, **row, "batch": spent})
-            tokens = sum(len(r["ids"]) for r in got)
-            print(f"{kind} N={n}: {tokens / got[0]['level_seconds']:.1f} tok/s, mean "
-                  f"{statistics.mean(r['seconds'] for r in got):.2f} s", flush=True)
-            write(out, rows, servers, clients, meta)     # after every level: a cut-short run keeps its rows
+    for n, repeat, kind in ((n, r, kind) for n in clients for r in range(args.repeats) for kind in servers):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = llama_cmd(args, n, port) if kind == "llama-server" else verispec_cmd(
+            args, n, port, invariant=kind == "verispec")
+        commands[kind] = ("VERISPEC_LLAMACPP_REPACK=0 " if kind != "llama-server" else "") + shlex.join(cmd)
+        log = out / (f"{kind}-{n}.log" if args.repeats == 1 else f"{kind}-{n}-{repeat + 1}.log")
+        with served(cmd, url, log, env=env):
+            if prompts is None:          # verispec's chat template, once, for every server
+                if kind == "llama-server":
+                    raise SystemExit("list a verispec server first in --servers (it tokenizes the prompts)")
+                prompts = [httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": t}]},
+                                      timeout=60).json()["tokens"] for t in texts]
+            got = level(kind, url, prompts, n, args.max_tokens)
+            spent = batch_time(url) if kind != "llama-server" else {}
+        for row in got:
+            rows.append({"server": kind, "clients": n, "repeat": repeat, **row, "batch": spent})
+        tokens = sum(len(r["ids"]) for r in got)
+        print(f"{kind} N={n} run {repeat + 1}: {tokens / got[0]['level_seconds']:.1f} tok/s, mean "
+              f"{statistics.mean(r['seconds'] for r in got):.2f} s", flush=True)
+        write(out, rows, servers, clients, meta)     # after every level: a cut-short run keeps its rows
     print((out / "table.md").read_text())
 
 
@@ -223,15 +231,23 @@ def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) 
              "`num_draft_tokens_by_drafter`, `num_accepted_tokens_by_drafter`). Time: verispec's seconds inside decode forwards / "
              "prefill forwards / waiting between forwards for every request to park (its "
              "`verispec:batch_*` counters; the level's wall time is the rest plus idle).", "",
-             "| server | clients | requests | output tok/s | mean latency s | p95 latency s | "
+             "| server | clients | requests | output tok/s (each run) | / llama-server | mean latency s | p95 latency s | "
              f"ids = own N={clients[0]} | ids = {servers[0]} | drafted | time s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in clients:
         for kind in servers:
             got = [r for r in rows if r["server"] == kind and r["clients"] == n]
             if not got:
                 continue
             tokens = sum(len(r["ids"]) for r in got)
+            runs = {r.get("repeat", 0): r for r in got}          # one row per run: its level's figures
+            rate = tokens / sum(r["level_seconds"] for r in runs.values())
+            each = ", ".join(f"{sum(len(r['ids']) for r in got if r.get('repeat', 0) == k) / run['level_seconds']:.1f}"
+                             for k, run in sorted(runs.items())) if len(runs) > 1 else ""
+            native = [r for r in rows if r["server"] == "llama-server" and r["clients"] == n]
+            native_runs = {r.get("repeat", 0): r["level_seconds"] for r in native}
+            ratio = (f"{rate / (sum(len(r['ids']) for r in native) / sum(native_runs.values())):.2f}"
+                     if native and kind != "llama-server" else "–")
             same = sum(r["ids"] == solo.get((kind, r["prompt"])) for r in got)
             agree = sum(r["ids"] == ref.get(r["prompt"]) for r in got)
             lat = [r["seconds"] for r in got]
@@ -241,11 +257,13 @@ def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) 
                     drafted[name] += counts[0]
                     accepted[name] += counts[1]
             shown = ", ".join(f"{name} {count}/{accepted[name]}" for name, count in sorted(drafted.items())) or "–"
-            spent = got[0].get("batch") or {}       # N = 1: no batched forwards, no figures
-            spent = (f"{spent.get('forward_seconds_decode', 0):.1f} / {spent.get('forward_seconds_prefill', 0):.1f} / "
-                     f"{spent.get('gather_seconds', 0):.1f} of {got[0]['level_seconds']:.1f}"
+            spent = Counter()                       # N = 1: no batched forwards, no figures
+            for run in runs.values():
+                spent.update(run.get("batch") or {})
+            spent = (f"{spent['forward_seconds_decode']:.1f} / {spent['forward_seconds_prefill']:.1f} / "
+                     f"{spent['gather_seconds']:.1f} of {sum(r['level_seconds'] for r in runs.values()):.1f}"
                      ) if spent.get("forwards") else "–"
-            lines.append(f"| {kind} | {n} | {len(got)} | {tokens / got[0]['level_seconds']:.1f} | "
+            lines.append(f"| {kind} | {n} | {len(got)} | {rate:.1f}{f' ({each})' if each else ''} | {ratio} | "
                          f"{statistics.mean(lat):.2f} | {p95(lat):.2f} | {same}/{len(got)} | {agree}/{len(got)} | "
                          f"{shown} | {spent} |")
     return "\n".join(lines) + "\n"
