@@ -18,8 +18,9 @@ N = 1 both decode each prompt from an empty cache. Servers run one at a time
 (each its own process); nothing else of this script runs while one is measured but the
 clients.
 
-With --repeats R every level runs the server list R times in turn (A B A B ...), so a drift
-of this machine's speed over minutes falls on both; the figures then pool the R runs.
+With --repeats R every level runs the server list R times, in turn and mirrored (A B, B A,
+A B, ...), so a drift of this machine's speed over minutes falls on both alike; the figures
+then pool the R runs.
 
 Reported per (server, N): aggregate output tokens/s = Σ tokens / Σ wall seconds of the level's
 runs (first request sent to last response received; each run's own figure beside it), the
@@ -164,7 +165,7 @@ def main() -> None:
     ap.add_argument("--servers", default="verispec,llama-server",
                     help="comma list of verispec, verispec-no-invariant, llama-server")
     ap.add_argument("--repeats", type=int, default=1,
-                    help="runs of each server per level, in turn (A B A B): the figures pool them")
+                    help="runs of each server per level, in turn and mirrored (A B, B A, ...): the figures pool them")
     ap.add_argument("--bin-dir", default=str(BIN))
     ap.add_argument("--dataset", default=None)
     ap.add_argument("--categories", default=None,
@@ -186,7 +187,9 @@ def main() -> None:
                         llama_cpp_build=str(args.bin_dir), max_tokens=args.max_tokens,
                         requests=args.requests, threads=args.threads, repeats=args.repeats)
     prompts: list[list[int]] | None = None
-    for n, repeat, kind in ((n, r, kind) for n in clients for r in range(args.repeats) for kind in servers):
+    runs = ((n, r, kind) for n in clients for r in range(args.repeats)
+            for kind in (servers if r % 2 == 0 else servers[::-1]))      # A B, B A, A B, ...
+    for n, repeat, kind in runs:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = llama_cmd(args, n, port) if kind == "llama-server" else verispec_cmd(
