@@ -287,8 +287,8 @@ class LlamaCppBatchModel:
         sequences that bring the same number of rows share decodes (in slot order), each
         width in decodes of its own, narrowest first. With one KV stream per slot llama.cpp
         cuts a forward into ubatches of equal rows per sequence, so one sequence's 4 rows
-        beside another's 1 would run as [A1+B1] then [A3] (229 ms, Qwen 1.5B on 2 cores)
-        where [B1] then [A4] take 194 (benchmarks/serve/split_rows.py). The grouping
+        beside another's 1 would run as [A1+B1] then [A3], 12 % dearer than [B1] then [A4]
+        (Qwen 1.5B on 2 cores, benchmarks/serve/split_rows.py and its README). The grouping
         changes no logits: in the batch-invariant mode a row's numbers do not depend on
         the other rows of its decode (module docstring).
 
