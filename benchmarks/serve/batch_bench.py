@@ -221,6 +221,17 @@ def write(out: Path, rows: list[dict], servers: list[str], clients: list[int], m
     (out / "table.md").write_text(table(rows, servers, clients, meta))
 
 
+def pooled_rate(got: list[dict]) -> tuple[float, list[float]]:
+    """Output tokens/s of one (server, N) over its runs (Σ tokens / Σ level seconds), and
+    each run's own, in run order."""
+    runs: dict[int, list[dict]] = {}
+    for r in got:
+        runs.setdefault(r.get("repeat", 0), []).append(r)
+    tokens = {k: sum(len(r["ids"]) for r in rs) for k, rs in runs.items()}
+    seconds = {k: rs[0]["level_seconds"] for k, rs in runs.items()}
+    return sum(tokens.values()) / sum(seconds.values()), [tokens[k] / seconds[k] for k in sorted(runs)]
+
+
 def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) -> str:
     solo = {(r["server"], r["prompt"]): r["ids"] for r in rows if r["clients"] == clients[0]}
     ref = {r["prompt"]: r["ids"] for r in rows if r["server"] == servers[0] and r["clients"] == clients[0]}
@@ -242,15 +253,11 @@ def table(rows: list[dict], servers: list[str], clients: list[int], meta: dict) 
             got = [r for r in rows if r["server"] == kind and r["clients"] == n]
             if not got:
                 continue
-            tokens = sum(len(r["ids"]) for r in got)
             runs = {r.get("repeat", 0): r for r in got}          # one row per run: its level's figures
-            rate = tokens / sum(r["level_seconds"] for r in runs.values())
-            each = ", ".join(f"{sum(len(r['ids']) for r in got if r.get('repeat', 0) == k) / run['level_seconds']:.1f}"
-                             for k, run in sorted(runs.items())) if len(runs) > 1 else ""
+            rate, each = pooled_rate(got)
+            each = ", ".join(f"{x:.1f}" for x in each) if len(each) > 1 else ""
             native = [r for r in rows if r["server"] == "llama-server" and r["clients"] == n]
-            native_runs = {r.get("repeat", 0): r["level_seconds"] for r in native}
-            ratio = (f"{rate / (sum(len(r['ids']) for r in native) / sum(native_runs.values())):.2f}"
-                     if native and kind != "llama-server" else "–")
+            ratio = f"{rate / pooled_rate(native)[0]:.2f}" if native and kind != "llama-server" else "–"
             same = sum(r["ids"] == solo.get((kind, r["prompt"])) for r in got)
             agree = sum(r["ids"] == ref.get(r["prompt"]) for r in got)
             lat = [r["seconds"] for r in got]
