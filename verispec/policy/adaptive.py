@@ -232,9 +232,10 @@ class AdaptivePolicy(Policy):
         """(seconds, tokens) of the catch-up drafter `name` needs before drafting after
         `seq`: its `catchup_tokens` × its seconds per token, × B under a load of B sequences
         (every other sequence waits for it; `costs`). While the seconds per token are
-        unknown: 0 s alone (try it), infinite under load (every sequence would wait for a
-        catch-up nobody has timed: a draft model's first draft read a 700-token prompt
-        while the other request waited, `benchmarks/serve/README.md`)."""
+        unknown: 0 s alone (try it), and under load 0 s for at most 2 missing tokens (a
+        draft step's worth), else infinite (every sequence would wait for a catch-up nobody
+        has timed: a draft model's first draft read a 700-token prompt while the other
+        request waited, `benchmarks/serve/README.md`)."""
         if name not in self.catching_up:
             return 0.0, 0
         missing = self.drafters[name].catchup_tokens(seq)
