@@ -144,3 +144,26 @@ def smol_batch_invariant():
     model = load_model("smollm2-135m", backend="llamacpp", batch_invariant=True)
     assert model.batch_invariant
     return model
+
+
+@pytest.fixture(scope="session")
+def smol_q4_0_gguf(tmp_path_factory):
+    """SmolLM2-135M requantized to Q4_0 by llama.cpp itself (`llama_model_quantize`, a few
+    seconds): a type llama.cpp repacks at load on AVX2 and Arm CPUs (CPU_REPACK), so the
+    batch-invariant mode's repacked path is exercised. Skips where that path is not exact
+    (`verispec.models.llamacpp.exact_repack`: an older build, AMX or KleidiAI)."""
+    import ctypes
+
+    import llama_cpp
+
+    from verispec.models import llamacpp
+    from verispec.registry import resolve
+
+    if not llamacpp.exact_repack():
+        pytest.skip("this llama.cpp build has no exact repacked path (patch level < 2, AMX or KleidiAI)")
+    source = resolve("smollm2-135m", weights=False).gguf_path
+    path = tmp_path_factory.mktemp("q4_0") / "smollm2-135m-q4_0.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, True, 2
+    assert llama_cpp.llama_model_quantize(str(source).encode(), str(path).encode(), ctypes.byref(params)) == 0
+    return path

@@ -157,19 +157,64 @@ def test_a_view_is_a_causal_lm_and_bad_use_is_refused(batch, solo, ids):
         v.close()
 
 
-def test_repacking_is_off_in_the_invariant_mode_and_on_request_otherwise(monkeypatch):
-    """`use_extra_buffers`: the batch-invariant mode never loads repacked/AMX weights;
-    outside it VERISPEC_LLAMACPP_REPACK=0 keeps them off (llama-server's --no-repack), and a
-    value other than 0/1 is an error naming the variable."""
+def test_repacking_in_the_invariant_mode_only_where_the_switch_covers_it(monkeypatch):
+    """`use_extra_buffers`: the batch-invariant mode loads repacked weights only on a build whose
+    reference switch scores them row by row (patch level 2) and where no AMX or KleidiAI buffer
+    would take the weights first; outside it always; VERISPEC_LLAMACPP_REPACK=0 keeps them off
+    everywhere (llama-server's --no-repack), and a value other than 0/1 is an error naming it."""
+    import llama_cpp
+
+    from verispec.models import llamacpp
     from verispec.models.llamacpp import REPACK_ENV, use_extra_buffers
 
     monkeypatch.delenv(REPACK_ENV, raising=False)
+    info = b"CPU : AVX2 = 1 | AVX512 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
+    monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: info)
+    monkeypatch.setattr(llamacpp, "patch_level", lambda: 2)
+    assert use_extra_buffers(False) and use_extra_buffers(True)
+    monkeypatch.setattr(llamacpp, "patch_level", lambda: 1)      # the switch alone: gemm under it
     assert use_extra_buffers(False) and not use_extra_buffers(True)
+    monkeypatch.setattr(llamacpp, "patch_level", lambda: 2)
+    for flag in (b"AMX_INT8 = 1 | ", b"KLEIDIAI = 1 | "):
+        monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda flag=flag: info + flag)
+        assert use_extra_buffers(False) and not use_extra_buffers(True)
+    monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: info.replace(b"REPACK = 1 | ", b""))
+    assert not use_extra_buffers(True)
+    monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: info)
     monkeypatch.setenv(REPACK_ENV, "0")
     assert not use_extra_buffers(False) and not use_extra_buffers(True)
     monkeypatch.setenv(REPACK_ENV, "off")
     with pytest.raises(ValueError, match=REPACK_ENV):
         use_extra_buffers(False)
+
+
+def test_repacked_weights_keep_every_sequence_its_solo_logits(smol_q4_0_gguf, ids):
+    """With llama.cpp's repacked weights (a Q4_0 model; the batch-invariant mode keeps them where
+    its switch scores them row by row) two sequences' rows in shared decodes, 1 + 1 rows and
+    1 + 4 rows (4 rows of one decode would go through repack's 4-row gemm), replay bit for bit
+    on a solo model of the same layout."""
+    from verispec.models import llamacpp
+    from verispec.models.llamacpp_batch import LlamaCppBatchModel
+
+    batch = LlamaCppBatchModel.load(str(smol_q4_0_gguf), n_seq_max=2, n_ctx_per_seq=1024)
+    solo = llamacpp.LlamaCppModel.load(str(smol_q4_0_gguf), n_ctx=1024, batch_invariant=True)
+    try:
+        assert batch.extra_buffers and solo.extra_buffers
+        r = Replay(batch)
+        a, b = r.open(), r.open()
+        r.forward_many({a: (ids[:90], 1)})
+        r.forward_many({b: (ids[200:330], 1)})
+        n = 90
+        for step in range(6):
+            width = 4 if step % 2 else 1
+            r.forward_many({a: ids[n:n + width], b: [ids[330 + step]]})
+            n += 1
+            r.truncate(a, n)                 # a keeps one token of its block per round
+        r.forward_many({a: ids[n:n + 4], b: ids[336:340]})   # 8 rows in one decode
+        for view in (a, b):
+            r.check(solo, view)
+    finally:
+        batch.free()
 
 
 def test_rows_are_grouped_by_block_width(batch, solo, ids):

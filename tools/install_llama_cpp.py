@@ -17,8 +17,13 @@ apply exactly once, or the script stops naming it):
 
 * ggml-cpu.c: llamafile's sgemm is skipped when the compute params say use_ref (as the
   tiled matmul and flash attention already are);
+* repack.cpp: under use_ref, weights repacked at load (CPU_REPACK: Q4_0, Q4_K, Q6_K, IQ4_NL, ...
+  interleaved for AVX2 / NEON) score every row of a batch as a single token is scored: its
+  activations quantized by the row quantizer and one gemv per row, never the 4-row gemm; so the
+  mode keeps llama.cpp's repacked weights (native default speed) instead of turning them off;
 * llama.h / llama-context.{h,cpp}: `void llama_set_use_ref(struct llama_context *, bool)`,
-  which hands the flag to the context's CPU backend.
+  which hands the flag to the context's CPU backend, and `int llama_verispec_patch(void)`,
+  which says which of these edits the build has (`PATCH_LEVEL`).
 
 Downloads the sdist with pip (so pip's index settings apply), builds with pip install
 --no-cache-dir (a cached unpatched wheel must not be reused), then checks that the installed
@@ -37,6 +42,9 @@ import tempfile
 from pathlib import Path
 
 VERSION = "0.3.36"
+#: what `llama_verispec_patch()` returns in a build of these edits: 1 was the switch alone (no such
+#: call), 2 adds repacked weights under use_ref; verispec reads it (`verispec.models.llamacpp`)
+PATCH_LEVEL = 2
 
 #: (file under vendor/llama.cpp, text to find, replacement); each must match exactly once
 EDITS = [
@@ -46,6 +54,20 @@ EDITS = [
     ("ggml/src/ggml-cpu/ggml-cpu.c",
      "#if GGML_USE_LLAMAFILE\n    if (src1->type != vec_dot_type) {",
      "#if GGML_USE_LLAMAFILE\n    if (src1->type != vec_dot_type && !params->use_ref) {"),
+    # repacked weights (CPU_REPACK: Q4_0, Q4_K, Q6_K, ... interleaved at load) under use_ref: every row
+    # quantized by the row quantizer and scored by the gemv a single token gets, never the 4-row gemm
+    ("ggml/src/ggml-cpu/repack.cpp",
+     "i11 < ne11 - ne11 % 4; i11 += nth * 4",
+     "i11 < (params->use_ref ? 0 : ne11 - ne11 % 4); i11 += nth * 4"),
+    ("ggml/src/ggml-cpu/repack.cpp",
+     "const int64_t i11_processed = ne11 - ne11 % 4;",
+     "const int64_t i11_processed = params->use_ref ? 0 : ne11 - ne11 % 4;"),
+    ("ggml/src/ggml-cpu/repack.cpp",
+     "if (nrows > 3) {",
+     "if (nrows > 3 && !params->use_ref) {"),
+    ("ggml/src/ggml-cpu/repack.cpp",
+     "for (int iter = nrows - (nrows % 4); iter < nrows; iter++) {",
+     "for (int iter = params->use_ref ? 0 : nrows - (nrows % 4); iter < nrows; iter++) {"),
     ("include/llama.h",
      ("    LLAMA_API void llama_set_abort_callback(struct llama_context * ctx, ggml_abort_callback "
       "abort_callback, void * abort_callback_data);\n"),
@@ -54,14 +76,17 @@ EDITS = [
       "    // verispec: run the CPU backend's reference kernels (no llamafile sgemm, no tiled matmul,\n"
       "    // no split-KV or tiled flash attention, no op fusion) in the following decodes, so that\n"
       "    // every row of a decode is computed as in a single-token decode\n"
-      "    LLAMA_API void llama_set_use_ref(struct llama_context * ctx, bool use_ref);\n")),
+      "    LLAMA_API void llama_set_use_ref(struct llama_context * ctx, bool use_ref);\n\n"
+      "    // verispec: which of verispec's edits this build has (2: use_ref also covers repacked weights)\n"
+      "    LLAMA_API int llama_verispec_patch(void);\n")),
     ("src/llama-context.h",
      "    void set_warmup(bool value);\n",
      "    void set_warmup(bool value);\n    void set_use_ref(bool value);\n"),
     ("src/llama-context.cpp",
      "void llama_set_warmup(llama_context * ctx, bool warmup) {\n    ctx->set_warmup(warmup);\n}\n",
      ("void llama_set_warmup(llama_context * ctx, bool warmup) {\n    ctx->set_warmup(warmup);\n}\n\n"
-      "void llama_set_use_ref(llama_context * ctx, bool use_ref) {\n    ctx->set_use_ref(use_ref);\n}\n")),
+      "void llama_set_use_ref(llama_context * ctx, bool use_ref) {\n    ctx->set_use_ref(use_ref);\n}\n\n"
+      f"int llama_verispec_patch(void) {{\n    return {PATCH_LEVEL};\n}}\n")),
     ("src/llama-context.cpp",
      "void llama_context::set_abort_callback(",
      ("void llama_context::set_use_ref(bool value) {\n"
@@ -74,13 +99,15 @@ EDITS = [
 ]
 
 CHECK = ("import llama_cpp, llama_cpp.llama_cpp as c, sys; "
-         "sys.exit(0 if hasattr(c._lib, 'llama_set_use_ref') and llama_cpp.__version__ == sys.argv[1] "
-         "else 'llama_set_use_ref is missing')")
+         "f = getattr(c._lib, 'llama_verispec_patch', None); "
+         "sys.exit(0 if hasattr(c._lib, 'llama_set_use_ref') and f is not None and f() >= int(sys.argv[2]) "
+         "and llama_cpp.__version__ == sys.argv[1] else 'llama_set_use_ref or patch level missing')")
 
 
 def installed(version: str) -> bool:
     """Whether this Python already has llama-cpp-python `version` with the switch."""
-    return subprocess.run([sys.executable, "-c", CHECK, version], capture_output=True, check=False).returncode == 0
+    return subprocess.run([sys.executable, "-c", CHECK, version, str(PATCH_LEVEL)], capture_output=True,
+                          check=False).returncode == 0
 
 
 def patch(llama_cpp_dir: Path) -> None:

@@ -11,9 +11,12 @@ bench methods beside verispec's own, prompt by prompt (`run_bench(endpoints=...)
     llama-server-draft     --spec-type draft-simple --model-draft DRAFT (llama.cpp's defaults)
     llama-server-ngram     --spec-type ngram-simple
 
-Servers run with `--no-repack`: on the VM this was measured on, llama.cpp's default extra
-buffer types use AMX tiles, which its kernel does not grant (SIGILL), and without repacking
-they hold the weights as verispec's batch-invariant mode does. Every server gets the chat-templated token ids verispec decodes (`/v1/completions` with a
+Repacking (`--repack auto`, the default): the servers run with llama.cpp's default repacked
+weights unless this CPU reports AMX (`amx_tile` in /proc/cpuinfo), where llama.cpp puts the
+weights in its AMX buffer and the VMs measured here do not grant the tiles (SIGILL), so there
+they run `--no-repack`; verispec follows the same rule by itself (its batch-invariant mode keeps
+repacked weights where its reference switch covers them and no AMX buffer would take them,
+`verispec.models.llamacpp.exact_repack`). `--repack 0` / `1` forces both sides. Every server gets the chat-templated token ids verispec decodes (`/v1/completions` with a
 token list, `cache_prompt: false` so each request is prefilled like every other row) and
 greedy decoding; τ and α̂ come from llama-server's `timings` (draft_n, draft_n_accepted).
 Servers are stopped on exit. Run it under the project's lock:
@@ -90,12 +93,43 @@ def served(cmd: list[str], url: str, log: Path, env: dict | None = None, ready_t
             proc.wait()
 
 
+def native_repack(choice: str = "auto") -> bool:
+    """Whether the native tools run with llama.cpp's repacked weights (their default).
+
+    Args:
+        choice: "1" yes, "0" no (`--no-repack`), "auto": yes unless this CPU reports AMX
+            (/proc/cpuinfo `amx_tile`), where llama.cpp takes the AMX buffer type and the VMs
+            measured here fault on the first AMX instruction (SIGILL).
+
+    Raises:
+        SystemExit: naming --repack for any other value.
+    """
+    if choice not in ("auto", "0", "1"):
+        raise SystemExit(f"--repack must be auto, 0 or 1, got {choice!r}")
+    if choice != "auto":
+        return choice == "1"
+    try:
+        return "amx_tile" not in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True
+
+
+def repack_env(repack: bool) -> dict[str, str]:
+    """The environment that makes verispec follow the native tools' repacking
+    (`VERISPEC_LLAMACPP_REPACK`): "1" lets its batch-invariant mode keep repacked weights
+    where they are exact, "0" keeps them off as `--no-repack` does."""
+    return {"VERISPEC_LLAMACPP_REPACK": "1" if repack else "0"}
+
+
 @contextmanager
-def llama_server(binary: Path, model: Path, extra: list[str], threads: int, n_ctx: int, log: Path):
-    """A llama-server on 127.0.0.1 (one slot, metrics on), stopped on exit; yields its URL."""
+def llama_server(binary: Path, model: Path, extra: list[str], threads: int, n_ctx: int, log: Path,
+                 repack: bool = True):
+    """A llama-server on 127.0.0.1 (one slot, metrics on; `--no-repack` unless `repack`),
+    stopped on exit; yields its URL and command line."""
     port = free_port()
     cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-           "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--metrics", "--no-repack", *extra]
+           "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--metrics",
+           *([] if repack else ["--no-repack"]), *extra]
     url = f"http://127.0.0.1:{port}"
     with served(cmd, url, log):
         yield url, shlex.join(cmd)
@@ -116,8 +150,12 @@ def main() -> None:
     ap.add_argument("--methods", default="plain-again,verispec,verispec-suffix,verispec-auto")
     ap.add_argument("--servers", default=",".join(SERVERS), help="which native rows (comma-separated)")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--repack", default="auto", help="repacked weights on both sides: auto (llama.cpp's "
+                    "default unless the CPU reports AMX), 1 or 0 (--no-repack; default %(default)s)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the servers on a kill too
+    repack = native_repack(args.repack)
+    os.environ.update(repack_env(repack))      # before verispec loads its models
 
     questions = load_prompts(dataset_path(args.dataset), args.categories.split(","), args.per_category)
     out = Path(args.out)
@@ -133,13 +171,13 @@ def main() -> None:
             extra, description = SERVERS[name]
             extra = [a.format(draft=d.gguf_path, threads=args.threads) for a in extra]
             url, cmd = stack.enter_context(llama_server(binary, Path(t.gguf_path), extra, args.threads,
-                                                        args.n_ctx, out / f"{name}.log"))
+                                                        args.n_ctx, out / f"{name}.log", repack))
             endpoints[name] = ServerMethod(url, extra={"cache_prompt": False},
                                            description=description)
             commands[name] = cmd
         meta = {"command": "python " + shlex.join(sys.argv), "server_commands": commands,
                 "per_category": args.per_category, "categories": args.categories.split(","),
-                "threads": args.threads}
+                "threads": args.threads, "repack": repack, "verispec_extra_buffers": target.extra_buffers}
         run_bench(questions, args.methods.split(","), target=SpeculativeDecoder(target, draft),
                   backend="llamacpp", max_new_tokens=args.max_new_tokens, out_dir=out,
                   resume=args.resume, overwrite=not args.resume, meta=meta, endpoints=endpoints)

@@ -1,20 +1,21 @@
 """Plain decoding speed: verispec `--k 0` against native `llama-bench`, interleaved in one run.
 
-Each repeat runs, in turn: `llama-bench -p 512 -n 128 -t T --repack 0` (native prefill of a
-512-token prompt and decode of 128 tokens), then verispec in this process with its default
-settings (no environment variables; batch-invariant mode as shipped, which loads without
-extra buffer types, i.e. without repacking):
+Each repeat runs, in turn: `llama-bench -p 512 -n 128 -t T` (native prefill of a 512-token
+prompt and decode of 128 tokens, llama.cpp's defaults), then verispec in this process with
+its default settings (no environment variables; the batch-invariant mode as shipped):
 
     prefill  a 512-token prompt (511 tokens prefilled, the last one is fed by the first
              round, as in every generation): 511 / Stats.prefill_seconds
     decode   128 new tokens, greedy, k = 0, from a short prompt (llama-bench's tg128 starts
              from an empty context): new_tokens / (wall - prefill)
 
-`--repack 0` (`--native-args`): on the VM this was measured on, llama.cpp's default extra
-buffer types use AMX tiles, which its kernel does not grant (SIGILL in `tilezero`), so the
-native tools cannot run with their defaults there; without repacking they run the same
-weights layout verispec does. The figures are tokens per second; the ratios are verispec / llama-bench of the same
-repeat, reported as median and range over repeats. Run it under the project's lock:
+Repacking (`--repack auto`, as `native_bench.py`): llama.cpp's default repacked weights on
+both sides unless this CPU reports AMX (there `--repack 0` for llama-bench and
+VERISPEC_LLAMACPP_REPACK=0 for verispec: the VMs measured with AMX fault in its tiles).
+`--both-layouts` adds verispec and llama-bench without repacking as rows of their own (on
+AVX-512 llama.cpp's repacked weights decode faster and prefill slower than the plain layout).
+The figures are tokens per second; the ratios are verispec / llama-bench of the same repeat,
+reported as median and range over repeats. Run it under the project's lock:
 
     flock /tmp/verispec-heavy.lock .venv/bin/python benchmarks/llamacpp/native_speed.py \
         --repeats 3 --out benchmarks/llamacpp-native/speed.json
@@ -37,6 +38,9 @@ from verispec import registry
 from verispec.api import SpeculativeDecoder
 from verispec.bench import collect_meta
 from verispec.models.llamacpp import LlamaCppModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from native_bench import native_repack, repack_env  # noqa: E402
 
 BUILD = Path(os.environ.get("VERISPEC_BUILD", Path.home() / ".cache/verispec/build")) / "llama.cpp-0c1e570"
 CODE = ("Write a complete Python module implementing a red-black tree with insert, delete, search, "
@@ -105,16 +109,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bench-reps", type=int, default=2, help="llama-bench -r per repeat")
-    ap.add_argument("--native-args", default=["--repack 0"], action="append",
+    ap.add_argument("--native-args", default=[""], action="append",
                     help="more llama-bench arguments; repeat the option for several native rows "
                          "(the first is the reference of the ratios)")
+    ap.add_argument("--repack", default="auto", help="repacked weights on both sides: auto (llama.cpp's "
+                    "default unless the CPU reports AMX), 1 or 0 (default %(default)s)")
+    ap.add_argument("--both-layouts", action="store_true",
+                    help="also verispec and llama-bench without repacked weights, as rows of their own")
     ap.add_argument("--bare", action="store_true",
                     help="also measure a bare llama-cpp-python loop on verispec's model (no verispec code)")
     ap.add_argument("--out", default=None, help="write the figures here as JSON")
     args = ap.parse_args()
 
+    repack = native_repack(args.repack)
     t = registry.resolve(args.target, weights=False)
-    variants = {"verispec": LlamaCppModel.load(str(t.gguf_path), tokenizer_path=t.hf_path, name=t.name)}
+    variants = {}
+    for name, layout in [("verispec", repack)] + ([("verispec no-repack", False)] if args.both_layouts else []):
+        os.environ.update(repack_env(layout))
+        variants[name] = LlamaCppModel.load(str(t.gguf_path), tokenizer_path=t.hf_path, name=t.name)
     decoders = {k: SpeculativeDecoder(m, None, drafter="none") for k, m in variants.items()}
     any_decoder = decoders["verispec"]
     short_ids = any_decoder.encode(CODE)
@@ -124,6 +136,9 @@ def main() -> None:
     for d in decoders.values():          # warm-up
         verispec_speeds(d, long_ids[:64], short_ids)
     natives = args.native_args[1:] if len(args.native_args) > 1 else args.native_args
+    natives = [a if repack else f"{a} --repack 0".strip() for a in natives]
+    if args.both_layouts and repack:
+        natives.append("--repack 0")
     names = ["llama-bench" if i == 0 else f"llama-bench {a}" for i, a in enumerate(natives)]
 
     repeats = []
@@ -149,7 +164,9 @@ def main() -> None:
                                          "llama_bench_tok_s": [round(r["llama-bench"][what], 2)
                                                                for r in repeats]}
     result = {"meta": collect_meta(command="python " + " ".join(sys.argv), threads=args.threads,
-                                   target=t.name, environment={k: v for k, v in os.environ.items()
+                                   target=t.name, native_args=natives,
+                                   extra_buffers={k: m.extra_buffers for k, m in variants.items()},
+                                   environment={k: v for k, v in os.environ.items()
                                                                if k.startswith(("OMP_", "GGML_"))}),
               "repeats": repeats, "summary": summary}
     text = json.dumps(result, indent=2, default=str)

@@ -45,10 +45,16 @@ _TILED_FORCE_ENV = "GGML_CPU_TILED_MM_FORCE"
 INVARIANT_ROWS = 7
 _params_lock = threading.Lock()
 _warned_unsupported = False
-#: "0" keeps llama.cpp's extra buffer types (repacked / AMX weights) off outside the batch-invariant
-#: mode too, as llama-server's --no-repack does: on a VM whose CPU reports AMX that the hypervisor
-#: does not grant, the repacked AMX kernels die with SIGILL (the batch-invariant mode never uses them)
+#: "0" keeps llama.cpp's extra buffer types (repacked / AMX weights) off, in the batch-invariant mode
+#: and outside it, as llama-server's --no-repack does: on a VM whose CPU reports AMX that the
+#: hypervisor does not grant, the repacked AMX kernels die with SIGILL
 REPACK_ENV = "VERISPEC_LLAMACPP_REPACK"
+#: `llama_verispec_patch()` from which the reference switch also covers repacked weights
+#: (tools/install_llama_cpp.py, PATCH_LEVEL)
+REPACK_PATCH_LEVEL = 2
+#: extra buffer types llama.cpp puts before CPU_REPACK whose kernels the switch does not reach
+#: (`llama_print_system_info` names): AMX tiles, Arm's KleidiAI
+_UNSWITCHED_BUFFERS = ("AMX_INT8 = 1", "KLEIDIAI = 1")
 
 
 def is_prefill(n_tokens: int, keep: int) -> bool:
@@ -59,10 +65,43 @@ def is_prefill(n_tokens: int, keep: int) -> bool:
     return keep <= 1 and n_tokens > INVARIANT_ROWS
 
 
+@functools.cache
+def patch_level() -> int:
+    """Which of verispec's llama.cpp edits the installed library has: 0 (a stock build),
+    1 (the reference switch, `reference_switch`), 2 or more (`llama_verispec_patch()`:
+    the switch also scores repacked weights row by row, as single tokens)."""
+    import llama_cpp.llama_cpp as bindings
+
+    fn = getattr(bindings._lib, "llama_verispec_patch", None)
+    if fn is None:
+        return 1 if reference_switch() is not None else 0
+    fn.argtypes, fn.restype = [], ctypes.c_int
+    return int(fn())
+
+
+def exact_repack() -> bool:
+    """Whether the batch-invariant mode may keep llama.cpp's repacked weights (CPU_REPACK).
+
+    True when the build's reference switch covers them (`patch_level` >= 2: under the
+    switch every row's activations are quantized by the row quantizer and scored by the
+    gemv a single token gets, never the 4-row gemm) and no extra buffer type the switch
+    does not reach would take the weights first (AMX, KleidiAI). Repacked weights are
+    llama.cpp's default on AVX2 and Arm CPUs: a plain step ran 1.3-1.45x faster with them
+    than without on a 2-core AMD EPYC (`llama-bench --repack 1` vs `0`,
+    benchmarks/llamacpp-native/).
+    """
+    import llama_cpp
+
+    if patch_level() < REPACK_PATCH_LEVEL:
+        return False
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    return "REPACK = 1" in info and not any(flag in info for flag in _UNSWITCHED_BUFFERS)
+
+
 def use_extra_buffers(batch_invariant: bool) -> bool:
     """Whether llama.cpp may load weights into its extra buffer types (`use_extra_bufts`):
-    never in the batch-invariant mode (those kernels score a batch unlike a single token),
-    otherwise unless ``VERISPEC_LLAMACPP_REPACK=0``.
+    in the batch-invariant mode only where they are exact (`exact_repack`), otherwise
+    always; never with ``VERISPEC_LLAMACPP_REPACK=0``.
 
     Raises:
         ValueError: naming VERISPEC_LLAMACPP_REPACK when it is set to neither 0 nor 1.
@@ -71,7 +110,7 @@ def use_extra_buffers(batch_invariant: bool) -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"{REPACK_ENV} must be 0 (repacking off, like llama-server --no-repack) or 1, "
                          f"got {value!r}")
-    return not batch_invariant and value == "1"
+    return value == "1" and (not batch_invariant or exact_repack())
 
 
 @functools.cache
@@ -173,6 +212,9 @@ class LlamaCppModel(CausalLM):
 
     backend = "llamacpp"
     stepwise = False
+    #: whether llama.cpp could load the weights into its extra buffer types (repacked weights where
+    #: the CPU and the tensor type have a layout; `use_extra_buffers`), set by `load`
+    extra_buffers = False
 
     def __init__(self, llama, tokenizer=None, name: str = "gguf", batch_invariant: bool = False) -> None:
         super().__init__()
@@ -237,7 +279,8 @@ class LlamaCppModel(CausalLM):
                 several rows (a verification forward) exactly as a single-token
                 forward would: logits bit-identical to plain decoding's. It loads
                 the weights without llama.cpp's extra buffer types (no repacked
-                or AMX weights). With the reference switch (`reference_switch`,
+                or AMX weights) unless the build's switch scores repacked weights
+                row by row (`exact_repack`). With the reference switch (`reference_switch`,
                 built by `make setup`) decodes and verification forwards run on
                 the reference kernels and a prefill (`keep=1`, more than
                 `INVARIANT_ROWS` tokens) on the fast ones (sgemm, tiled matmul,
@@ -293,7 +336,8 @@ class LlamaCppModel(CausalLM):
         if flash_attn is None:
             flash_attn = bool(batch_invariant) and reference_switch() is not None
         threads = n_threads or os.cpu_count() or 1
-        params = {} if use_extra_buffers(batch_invariant) else {"use_extra_bufts": False}
+        extra = use_extra_buffers(batch_invariant)
+        params = {} if extra else {"use_extra_bufts": False}
         with _model_params(**params):
             llama = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
                           n_threads_batch=threads, logits_all=False, verbose=False, flash_attn=flash_attn)
@@ -304,6 +348,7 @@ class LlamaCppModel(CausalLM):
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         model = cls(llama, tokenizer, name=name or os.path.basename(str(gguf_path)),
                     batch_invariant=batch_invariant)
+        model.extra_buffers = extra
         if batch_invariant:
             model._probe_batch_invariance()
         return model

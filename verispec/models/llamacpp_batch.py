@@ -11,11 +11,12 @@ unchanged; `close()` empties the slot for the next request (any slot, any order)
 Exactness across sequences (docs/exactness.md, "Several sequences in one forward"):
 a sequence's logits must not depend on what else is in the forward. Three things ensure it:
 
-* the batch-invariant kernels of `LlamaCppModel` (no repacked/AMX weights; with the reference
-  switch every decode but a prefill on llama.cpp's reference kernels, else sgemm compiled
-  out, flash attention off and at most `INVARIANT_ROWS` rows per `llama_decode`, so the
-  tiled K-quant matmul is never reached): every matrix product row is the same `vec_dot`
-  calls whatever the other rows are, and every attention row the same one-query pass;
+* the batch-invariant kernels of `LlamaCppModel` (no AMX weights; repacked ones only where the
+  reference switch scores them row by row, `exact_repack`; with the reference switch every
+  decode but a prefill on llama.cpp's reference kernels, else sgemm compiled out, flash
+  attention off and at most `INVARIANT_ROWS` rows per `llama_decode`, so the tiled K-quant
+  matmul is never reached): every matrix product row is the same `vec_dot` (or repacked
+  gemv) calls whatever the other rows are, and every attention row the same one-query pass;
 * one KV stream per sequence (`kv_unified=False`): a sequence's attention runs over its own
   cells, laid out at the cells a solo context would use (cell = position), so the
   softmax and the V-weighted sums add the same terms in the same order. In one unified
@@ -111,6 +112,9 @@ class LlamaCppBatchModel:
         batch_invariant, n_seq_max, max_rows, decodes (llama_decode calls so far).
     """
 
+    #: whether llama.cpp could load the weights into its extra buffer types (`use_extra_buffers`)
+    extra_buffers = False
+
     def __init__(self, lib, model, ctx, *, n_seq_max: int, n_ctx_per_seq: int, tokenizer=None,
                  name: str = "gguf", batch_invariant: bool = True, max_rows: int | None = None) -> None:
         self._lib, self._model, self._ctx = lib, model, ctx
@@ -157,7 +161,8 @@ class LlamaCppBatchModel:
         invariant = batch_invariant is not False and blocker is None
         lib.llama_backend_init()
         mparams = lib.llama_model_default_params()
-        if not use_extra_buffers(invariant):
+        extra = use_extra_buffers(invariant)
+        if not extra:
             mparams.use_extra_bufts = False
         model = lib.llama_model_load_from_file(str(gguf_path).encode(), mparams)
         if not model:
@@ -183,9 +188,11 @@ class LlamaCppBatchModel:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        return cls(lib, model, ctx, n_seq_max=n_seq_max, n_ctx_per_seq=n_ctx_per_seq,
-                   tokenizer=tokenizer, name=name or os.path.basename(str(gguf_path)),
-                   batch_invariant=invariant, max_rows=max_rows)
+        batch = cls(lib, model, ctx, n_seq_max=n_seq_max, n_ctx_per_seq=n_ctx_per_seq,
+                    tokenizer=tokenizer, name=name or os.path.basename(str(gguf_path)),
+                    batch_invariant=invariant, max_rows=max_rows)
+        batch.extra_buffers = extra      # as LlamaCppModel.extra_buffers
+        return batch
 
     # -- slots ------------------------------------------------------------
     @property
