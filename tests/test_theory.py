@@ -303,3 +303,18 @@ def test_simulated_engine_positional():
 def test_bad_arguments_raise_value_error_naming_argument(call, name):
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
         call()
+
+
+def test_speedups_in_one_pass_are_the_floats_of_speedup_for_each_k():
+    """`CostCurve.speedups` (the adaptive policy prices every k with it) gives exactly
+    `speedup(alphas[:k], k)` for k = 1..K, also for k beyond the measured widths (extrapolated),
+    and an empty list for no α."""
+    from verispec.theory import CostCurve
+
+    curve = CostCurve((0.0266, 0.044, 0.0565, 0.0699, 0.0839), 0.0153)
+    for alphas in ([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2], [1.0] * 8, [0.0, 1.0, 0.5], [0.31]):
+        got = curve.speedups(alphas)
+        assert got == [curve.speedup(alphas[:k], k) for k in range(1, len(alphas) + 1)]
+    assert curve.speedups([]) == []
+    with pytest.raises(ValueError, match="alphas"):
+        curve.speedups([0.5, 1.5])

@@ -454,6 +454,26 @@ class CostCurve:
         """:func:`speedup_cost_curve` with this curve's T_t and T_d."""
         return speedup_cost_curve(alpha_or_alphas, k, self.target, self.draft_time)
 
+    def speedups(self, alphas: Sequence[float]) -> list[float]:
+        """S(1), ..., S(k) of :func:`speedup_cost_curve` for per-position rates α_1..α_k, in
+        one pass (E accumulated position by position, Leviathan et al. 2023, Theorem 3.8
+        with this curve's T_t and T_d): the same floats as k calls of :meth:`speedup`,
+        for the price of one. An adaptive policy prices every k of every drafter each round.
+
+        Args:
+            alphas: α_1..α_k, each in [0, 1] (k may be 0: an empty list comes back).
+
+        Raises:
+            ValueError: naming ``alphas`` as :func:`expected_tokens_positional` does.
+        """
+        out, total, prod = [], 1.0, 1.0
+        t1, t_d = self.target_times[0], self.draft_time
+        for k, a in enumerate(check_alphas(alphas, "alphas"), start=1):
+            prod *= a
+            total += prod
+            out.append(total * t1 / (k * t_d + self.target(k + 1)))
+        return out
+
     def optimal_k(self, alpha_or_alphas: AlphaSpec, k_max: int) -> tuple[int, float]:
         """:func:`optimal_k_cost_curve` with this curve's T_t and T_d."""
         return optimal_k_cost_curve(alpha_or_alphas, self.target, self.draft_time, k_max)

@@ -228,6 +228,21 @@ class AdaptivePolicy(Policy):
             return 1.0 + self.margin * 2
         return curve.speedup(self.alphas(name, k, evidence, floor), k)
 
+    def predictions(self, name: str, limit: int, floor: float = 0.0,
+                    evidence: Sequence[Confidence] | None = None) -> list[float]:
+        """[S(1), ..., S(limit)]: `predict` for every k up to `limit` in one pass
+        (`CostCurve.speedups`: the same floats; `choose` prices every k of every drafter
+        each round, and k calls cost k times as much Python as one). Shorter where
+        `evidence` covers fewer than `limit` tokens (no α̂ to price the rest by).
+
+        Raises:
+            KeyError: if `name` is not one of the policy's drafters.
+        """
+        curve = self.costs.curve(name)
+        if curve is None:
+            return [1.0 + self.margin * 2] * limit
+        return curve.speedups(self.alphas(name, limit, evidence, floor))
+
     def catchup_charge(self, name: str, seq: Sequence[int]) -> tuple[float, int]:
         """(seconds, tokens) of the catch-up drafter `name` needs before drafting after
         `seq`: its `catchup_tokens` × its seconds per token, × B under a load of B sequences
@@ -288,8 +303,7 @@ class AdaptivePolicy(Policy):
         best, best_s = None, 1.0 + self.margin
         for name, (limit, evidence) in offers.items():
             charge = None        # computed once, when some k of this drafter first wins
-            for k in range(1, limit + 1):
-                s = self.predict(name, k, evidence=evidence)
+            for k, s in enumerate(self.predictions(name, limit, evidence=evidence), start=1):
                 if s <= best_s:
                     continue
                 charge = self.catchup_charge(name, seq)[0] if charge is None else charge
@@ -306,8 +320,10 @@ class AdaptivePolicy(Policy):
             limit, evidence = offers[name]
             if limit <= 0:
                 continue
-            optimistic = [self.predict(name, k, self.probe_alpha, evidence) for k in range(1, limit + 1)]
-            best = 1 + max(range(limit), key=optimistic.__getitem__)
+            optimistic = self.predictions(name, limit, self.probe_alpha, evidence)
+            if not optimistic:
+                continue
+            best = 1 + max(range(len(optimistic)), key=optimistic.__getitem__)
             k = next(j for j in range(1, best + 1) if optimistic[j - 1] > 1.0 + self.margin or j == best)
             if self._worth_probing(name, optimistic[k - 1], seq):
                 return name, k
