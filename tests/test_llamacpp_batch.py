@@ -188,18 +188,23 @@ def test_repacking_in_the_invariant_mode_only_where_the_switch_covers_it(monkeyp
         use_extra_buffers(False)
 
 
-def test_repacked_weights_keep_every_sequence_its_solo_logits(smol_q4_0_gguf, ids):
+@pytest.mark.parametrize("prefill", ["repacked", "plain"])
+def test_repacked_weights_keep_every_sequence_its_solo_logits(smol_q4_0_gguf, ids, prefill, monkeypatch):
     """With llama.cpp's repacked weights (a Q4_0 model; the batch-invariant mode keeps them where
     its switch scores them row by row) two sequences' rows in shared decodes, 1 + 1 rows and
     1 + 4 rows (4 rows of one decode would go through repack's 4-row gemm), replay bit for bit
-    on a solo model of the same layout."""
+    on a solo model of the same layout; with prompts prefilled on the plain layout (a prefill
+    twin in both, `llamacpp_prefill`) too, also when a sequence rolls back into its prompt,
+    decodes and prefills again (the twin must take the decoded cells from the main context)."""
     from verispec.models import llamacpp
     from verispec.models.llamacpp_batch import LlamaCppBatchModel
 
+    monkeypatch.setenv("VERISPEC_LLAMACPP_PREFILL", prefill)
     batch = LlamaCppBatchModel.load(str(smol_q4_0_gguf), n_seq_max=2, n_ctx_per_seq=1024)
     solo = llamacpp.LlamaCppModel.load(str(smol_q4_0_gguf), n_ctx=1024, batch_invariant=True)
     try:
         assert batch.extra_buffers and solo.extra_buffers
+        assert (batch._twin is not None) == (solo._twin is not None) == (prefill == "plain")
         r = Replay(batch)
         a, b = r.open(), r.open()
         r.forward_many({a: (ids[:90], 1)})
@@ -211,6 +216,9 @@ def test_repacked_weights_keep_every_sequence_its_solo_logits(smol_q4_0_gguf, id
             n += 1
             r.truncate(a, n)                 # a keeps one token of its block per round
         r.forward_many({a: ids[n:n + 4], b: ids[336:340]})   # 8 rows in one decode
+        r.truncate(b, 100)                                    # b back into its prompt
+        r.forward_many({b: [ids[400]]})
+        r.forward_many({b: (ids[500:560], 1), a: [ids[n + 4]]})   # b prefills again beside a's step
         for view in (a, b):
             r.check(solo, view)
     finally:

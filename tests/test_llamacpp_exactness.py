@@ -289,3 +289,103 @@ def test_repacked_weights_score_a_batch_as_single_tokens(smol_q4_0, smol, contex
             assert torch.equal(batch, steps[name][:rows]), (name, rows, float((batch - steps[name][:rows]).abs().max()))
         model.reset()
     assert not torch.equal(steps["repacked"], steps["plain"])     # the repacked kernels ran
+
+
+@pytest.fixture(scope="module")
+def smol_q4_0_twin(smol_q4_0_gguf):
+    """The Q4_0 SmolLM2 with repacked weights and a prefill twin (VERISPEC_LLAMACPP_PREFILL=plain:
+    prompts on the plain layout, decoding on the repacked one), and the same file in the plain
+    layout alone (no twin: one layout, nothing to choose)."""
+    from verispec.models import llamacpp
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setenv("VERISPEC_LLAMACPP_PREFILL", "plain")
+        twinned = llamacpp.LlamaCppModel.load(str(smol_q4_0_gguf), n_ctx=2048, batch_invariant=True)
+        mp.setenv(llamacpp.REPACK_ENV, "0")
+        plain = llamacpp.LlamaCppModel.load(str(smol_q4_0_gguf), n_ctx=2048, batch_invariant=True)
+    finally:
+        mp.undo()
+    assert twinned._twin is not None and plain._twin is None
+    return twinned, plain
+
+
+def test_prefill_twin_prefills_on_the_plain_layout_and_decodes_on_the_repacked_one(
+        smol_q4_0_twin, smol_q4_0, smol):
+    """A prompt prefilled through the twin gives the plain layout's prefill logits bit for bit
+    (not the repacked layout's: the twin really ran it); the decode rows after it run on the
+    repacked weights (they differ from the plain layout's) and stay batch-invariant."""
+    twinned, plain = smol_q4_0_twin
+    repacked, _ = smol_q4_0
+    ids = _context(smol, 330)
+    prompt, new = ids[:300], ids[300:310]
+    got = {}
+    for name, model in (("twin", twinned), ("plain", plain), ("repacked", repacked)):
+        model.reset()
+        got[name] = model.forward(prompt, keep=1)
+    assert torch.equal(got["twin"], got["plain"]) and not torch.equal(got["twin"], got["repacked"])
+    steps = {}
+    for name, model in (("twin", twinned), ("plain", plain)):
+        steps[name] = torch.cat([model.forward([t]) for t in new])
+    assert not torch.equal(steps["twin"], steps["plain"])        # decoding on the repacked weights
+    twinned.truncate(300)
+    assert torch.equal(twinned.forward(new), steps["twin"])      # a verification forward = single steps
+    for model in (twinned, plain, repacked):
+        model.reset()
+
+
+def test_prefill_twin_never_uses_cells_the_main_context_rolled_back(smol_q4_0_twin, smol, monkeypatch):
+    """The twin reuses the cells it mirrors only while the main context still holds them:
+    after a prefill, a rollback into the prompt, decode steps and a second prefill, every
+    logit equals the same script with the twin made to copy the whole sequence before each
+    prefill (no reuse). A twin that kept its own cells for the rolled-back positions would
+    attend over the first prefill's tokens there instead of the decoded ones."""
+    twinned, _ = smol_q4_0_twin
+    ids = _context(smol, 400)
+    a, b = ids[:200], ids[200:260]
+
+    def script():
+        twinned.reset()
+        out = [twinned.forward(a, keep=1), twinned.forward(b, keep=1)]   # two prefills: twin mirrors 260
+        twinned.truncate(230)                                          # into the second prompt
+        out += [twinned.forward([t]) for t in ids[300:304]]            # decoded on the main context
+        out.append(twinned.forward(ids[320:380], keep=1))             # a third prefill after them
+        twinned.reset()
+        return out
+
+    reused = script()
+    twin = twinned._twin
+    prefill = twin.prefill
+    monkeypatch.setattr(twin, "prefill", lambda main, seq, *a: (twin.mirrored.pop(seq, None), prefill(main, seq, *a))[1])
+    copied = script()
+    assert all(torch.equal(x, y) for x, y in zip(reused, copied))
+    assert twin.seconds > 0
+
+
+def test_prefill_layout_choice_is_measured_once_and_kept(tmp_path, monkeypatch):
+    """`choose_layout` keeps the twin only when it saved >= 10 % of the main prefill, stores the
+    decision under its key, and later answers from the store without measuring; a bad
+    VERISPEC_LLAMACPP_PREFILL is an error naming it."""
+    from verispec.models import llamacpp_prefill as lp
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    calls = []
+    clock = iter(range(100))
+    monkeypatch.setattr(lp.time, "perf_counter", lambda: next(clock) * 1.0)
+
+    def run(name, seconds):
+        def go():
+            calls.append(name)
+            for _ in range(seconds - 1):
+                next(clock)
+        return go
+
+    decision = lp.choose_layout("k1", run("main", 10), run("twin", 5))
+    assert decision["twin"] and decision["main_seconds"] == 10 and decision["twin_seconds"] == 5
+    assert calls == ["main", "twin", "main", "twin"]
+    assert lp.choose_layout("k1", run("main", 1), run("twin", 50)) == decision    # from the store
+    assert len(calls) == 4
+    assert not lp.choose_layout("k2", run("main", 10), run("twin", 10))["twin"]   # < 10 % saved
+    monkeypatch.setenv(lp.PREFILL_ENV, "fast")
+    with pytest.raises(ValueError, match=lp.PREFILL_ENV):
+        lp.prefill_choice()

@@ -158,6 +158,52 @@ def batch_invariance_blocker() -> str | None:
     return None
 
 
+def prefill_twin(gguf_path: str, *, n_threads: int, extra_buffers: bool, flash_attn: bool, n_ctx: int,
+                 main, main_prefill, n_seq_max: int = 1, kv_unified: bool = False):
+    """A `PrefillTwin` for a batch-invariant model, or None (`verispec.models.llamacpp_prefill`).
+
+    A twin is only considered where there are two layouts to choose from: the main model
+    has extra buffer types (repacked weights) and the reference switch (so its prefills
+    and decodes already run on different kernels). `VERISPEC_LLAMACPP_PREFILL`: "repacked"
+    never, "plain" always (where the model supports it), "auto" (default) where the
+    cached or newly measured `choose_layout` decision for this file, thread count, CPU and
+    build says the plain layout prefills at least 10 % faster.
+
+    Args:
+        main: returns the main llama_context pointer (for the probe's copy-back).
+        main_prefill: runs the probe prefill on the main context (no twin attached yet).
+        n_seq_max, kv_unified: the main context's (the twin mirrors its streams).
+
+    Raises:
+        ValueError: for a bad VERISPEC_LLAMACPP_PREFILL, or a twin llama.cpp cannot load.
+    """
+    from . import llamacpp_prefill as lp
+
+    choice = lp.prefill_choice()
+    if choice == "repacked" or not extra_buffers or reference_switch() is None:
+        return None
+    key = lp.layout_key(gguf_path, n_threads, patch_level())
+    known = lp.cached_decision(key) if choice == "auto" else None
+    if known is not None and not known["twin"]:
+        return None                      # measured here before: the main layout prefills faster
+    twin = lp.PrefillTwin.open(gguf_path, n_ctx=n_ctx, n_seq_max=n_seq_max, kv_unified=kv_unified,
+                               n_threads=n_threads, flash_attn=flash_attn)
+    if twin is None or choice == "plain":
+        return twin
+    import llama_cpp
+
+    def twin_prefill() -> None:
+        twin.prefill(main(), 0, 0, lp.probe_tokens(twin.vocab_size), 1)
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(main()), 0, -1, -1)
+        twin.forget(0)
+
+    decision = lp.choose_layout(key, main_prefill, twin_prefill)
+    if decision["twin"]:
+        return twin
+    twin.free()
+    return None
+
+
 @contextlib.contextmanager
 def _model_params(**overrides):
     """Make `llama_cpp.Llama` load its model with these llama_model_params fields.
@@ -238,6 +284,7 @@ class LlamaCppModel(CausalLM):
         self._batch = llama._batch
         self._switch = reference_switch() if batch_invariant else None
         self._reference: bool | None = None     # what the switch was last set to
+        self._twin = None                       # a PrefillTwin (`load`), or None
 
     def _use_reference(self, on: bool) -> None:
         """Set the context's reference kernels (batch-invariant mode with the switch only)."""
@@ -351,7 +398,18 @@ class LlamaCppModel(CausalLM):
         model.extra_buffers = extra
         if batch_invariant:
             model._probe_batch_invariance()
+            model._twin = prefill_twin(
+                str(gguf_path), n_threads=threads, extra_buffers=extra, flash_attn=flash_attn,
+                n_ctx=n_ctx, main=lambda: model.llama._ctx.ctx, main_prefill=model._probe_prefill)
         return model
+
+    def _probe_prefill(self) -> None:
+        """A `choose_layout` probe: prefill its tokens on this context from an empty cache."""
+        from .llamacpp_prefill import probe_tokens
+
+        self.reset()
+        self.forward(probe_tokens(self.vocab_size), keep=1)
+        self.reset()
 
     def _probe_batch_invariance(self, rows: int = INVARIANT_ROWS + 1) -> None:
         """Check that a `rows`-token forward equals `rows` single-token forwards bit for bit.
@@ -407,6 +465,9 @@ class LlamaCppModel(CausalLM):
         out = []
         n_past = len(self.tokens)
         step = self.n_batch
+        if self._twin is not None and is_prefill(len(tokens), keep) and not self.stepwise:
+            rows = self._twin.prefill(self.llama._ctx.ctx, 0, n_past, tokens, keep)
+            return torch.from_numpy(np.stack(rows) if rows else np.zeros((0, self.vocab_size), np.float32))
         self._use_reference(not is_prefill(len(tokens), keep))
         if self.batch_invariant and self._switch is None and keep > 1:   # stay below the tiled matmul
             step = min(step, INVARIANT_ROWS)
@@ -434,4 +495,6 @@ class LlamaCppModel(CausalLM):
 
     def _truncate(self, length: int) -> None:
         self.llama._ctx.kv_cache_seq_rm(0, length, -1)
+        if self._twin is not None:
+            self._twin.forget(0, length)
 

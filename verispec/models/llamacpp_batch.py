@@ -43,6 +43,7 @@ from .llamacpp import (
     INVARIANT_ROWS,
     batch_invariance_blocker,
     is_prefill,
+    prefill_twin,
     reference_switch,
     use_extra_buffers,
 )
@@ -114,6 +115,8 @@ class LlamaCppBatchModel:
 
     #: whether llama.cpp could load the weights into its extra buffer types (`use_extra_buffers`)
     extra_buffers = False
+    #: the `PrefillTwin` prompts are prefilled on (`load`), or None
+    _twin = None
 
     def __init__(self, lib, model, ctx, *, n_seq_max: int, n_ctx_per_seq: int, tokenizer=None,
                  name: str = "gguf", batch_invariant: bool = True, max_rows: int | None = None) -> None:
@@ -192,7 +195,21 @@ class LlamaCppBatchModel:
                     tokenizer=tokenizer, name=name or os.path.basename(str(gguf_path)),
                     batch_invariant=invariant, max_rows=max_rows)
         batch.extra_buffers = extra      # as LlamaCppModel.extra_buffers
+        if invariant:                    # prompts on the plain layout where faster, as LlamaCppModel
+            batch._twin = prefill_twin(str(gguf_path), n_threads=threads, extra_buffers=extra, flash_attn=flash,
+                                       n_ctx=cparams.n_ctx, n_seq_max=n_seq_max, kv_unified=kv_unified,
+                                       main=lambda: batch._ctx, main_prefill=batch._probe_prefill)
         return batch
+
+    def _probe_prefill(self) -> None:
+        """A layout probe (`llamacpp_prefill.choose_layout`): prefill its tokens in slot 0."""
+        from .llamacpp_prefill import probe_tokens
+
+        view = self.open(0)
+        try:
+            view.forward(probe_tokens(self.vocab_size), keep=1)
+        finally:
+            view.close()
 
     # -- slots ------------------------------------------------------------
     @property
@@ -222,6 +239,8 @@ class LlamaCppBatchModel:
         elif slot not in free:
             raise ValueError(f"slot {slot} is not free (free: {free}; 0 <= slot < {self.n_seq_max})")
         self._lib.llama_memory_seq_rm(self._mem, slot, -1, -1)
+        if self._twin is not None:
+            self._twin.forget(slot)
         view = self._views[slot] = view_type(self, slot)
         return view
 
@@ -230,6 +249,8 @@ class LlamaCppBatchModel:
         with self.lock:
             if self._views.get(view.slot) is view:
                 self._lib.llama_memory_seq_rm(self._mem, view.slot, -1, -1)
+                if self._twin is not None:
+                    self._twin.forget(view.slot)
                 del self._views[view.slot]
         view.closed = True
         view.tokens.clear()
@@ -237,6 +258,8 @@ class LlamaCppBatchModel:
     def _seq_rm(self, slot: int, length: int) -> None:
         with self.lock:
             done = self._lib.llama_memory_seq_rm(self._mem, slot, length, -1)
+            if self._twin is not None:
+                self._twin.forget(slot, length)
         if not done:
             raise RuntimeError(f"{self.name}: llama.cpp refused to roll slot {slot} back to {length}")
 
@@ -320,7 +343,9 @@ class LlamaCppBatchModel:
             done = offset[0] if offset else 0
             n_past = len(self._views[slot].tokens) + done
             rows = [(slot, t, n_past + i, i >= len(tokens) - keep) for i, t in enumerate(tokens)]
-            if is_prompt_piece(len(tokens), keep, done):
+            if is_prompt_piece(len(tokens), keep, done) and self._twin is not None:
+                kept[slot].extend(self._twin.prefill(self._ctx, slot, n_past, tokens, keep))
+            elif is_prompt_piece(len(tokens), keep, done):
                 for s in range(0, len(rows), N_BATCH):
                     self._run(rows[s:s + N_BATCH], kept, reference=False)
             else:
@@ -361,6 +386,9 @@ class LlamaCppBatchModel:
         with self.lock:
             if self._ctx is None:
                 return
+            if self._twin is not None:
+                self._twin.free()
+                self._twin = None
             self._lib.llama_batch_free(self._batch)
             self._lib.llama_free(self._ctx)
             self._lib.llama_model_free(self._model)
