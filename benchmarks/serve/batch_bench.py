@@ -5,7 +5,9 @@
 
 For each N in --clients, each server is started afresh with N sequence slots (verispec:
 `verispec serve --max-seqs N`, the python running this script, same --threads; llama.cpp:
-`llama-server -np N -c N*ctx --no-repack -t T -tb T`, continuous batching, no speculation),
+`llama-server -np N -c N*ctx -t T -tb T`, continuous batching, no speculation; `--repack`:
+llama.cpp's default repacked weights on both sides unless the CPU reports AMX, then
+`--no-repack` and VERISPEC_LLAMACPP_REPACK=0, as `benchmarks/llamacpp/native_bench.py`),
 and N client threads share --requests greedy requests, one prompt each (Spec-Bench's first
 turns, two per category), each client sending its next one when its last is answered: every
 level runs the same prompts on every server. Every
@@ -56,7 +58,7 @@ from verispec.bench import collect_meta  # noqa: E402
 from verispec.prompts import load_prompts  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "llamacpp"))
-from native_bench import free_port, served  # noqa: E402  (server start, health wait and stop)
+from native_bench import free_port, native_repack, repack_env, served  # noqa: E402  (servers; repacking rule)
 
 BIN = Path.home() / ".cache/verispec/build/llama.cpp-0c1e570/bin"
 
@@ -69,11 +71,11 @@ def verispec_cmd(args, n: int, port: int, invariant: bool) -> list[str]:
             *(["--drafter", args.drafter] if args.drafter else [])]
 
 
-def llama_cmd(args, n: int, port: int) -> list[str]:
+def llama_cmd(args, n: int, port: int, repack: bool = True) -> list[str]:
     gguf = registry.resolve(args.target, weights=False).gguf_path
     return [str(Path(args.bin_dir) / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "-t", str(args.threads), "-tb", str(args.threads), "-np", str(n), "-c", str(n * args.ctx),
-            "--no-repack", "--metrics"]
+            *([] if repack else ["--no-repack"]), "--metrics"]
 
 
 def request(http: httpx.Client, kind: str, url: str, ids: list[int], m: int) -> tuple[list[int], float, dict]:
@@ -170,6 +172,8 @@ def main() -> None:
     ap.add_argument("--dataset", default=None)
     ap.add_argument("--categories", default=None,
                     help="comma list of prompt categories (e.g. code-edit); default: every category of the dataset")
+    ap.add_argument("--repack", default="auto", help="repacked weights on both sides: auto (llama.cpp's "
+                    "default unless the CPU reports AMX), 1 or 0 (--no-repack; default %(default)s)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,21 +184,23 @@ def main() -> None:
     categories = args.categories.split(",") if args.categories else None
     texts = [p.text for p in load_prompts(args.dataset, categories, per_category=2 if categories is None else 0)
              ][:args.requests]
-    # repacking off for every server, as llama-server's --no-repack (the batch-invariant mode has it off anyway)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VERISPEC_LLAMACPP_REPACK": "0"}
+    repack = native_repack(args.repack)     # the same weights layout rule on both sides
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **repack_env(repack)}
     rows, commands = [], {}
     meta = collect_meta(command=" ".join(shlex.quote(a) for a in sys.argv), servers=commands,
                         llama_cpp_build=str(args.bin_dir), max_tokens=args.max_tokens,
-                        requests=args.requests, threads=args.threads, repeats=args.repeats)
+                        requests=args.requests, threads=args.threads, repeats=args.repeats,
+                        repack=native_repack(args.repack))
     prompts: list[list[int]] | None = None
     runs = ((n, r, kind) for n in clients for r in range(args.repeats)
             for kind in (servers if r % 2 == 0 else servers[::-1]))      # A B, B A, A B, ...
     for n, repeat, kind in runs:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        cmd = llama_cmd(args, n, port) if kind == "llama-server" else verispec_cmd(
+        cmd = llama_cmd(args, n, port, repack) if kind == "llama-server" else verispec_cmd(
             args, n, port, invariant=kind == "verispec")
-        commands[kind] = ("VERISPEC_LLAMACPP_REPACK=0 " if kind != "llama-server" else "") + shlex.join(cmd)
+        commands[kind] = (f"VERISPEC_LLAMACPP_REPACK={repack_env(repack)['VERISPEC_LLAMACPP_REPACK']} "
+                          if kind != "llama-server" else "") + shlex.join(cmd)
         log = out / (f"{kind}-{n}.log" if args.repeats == 1 else f"{kind}-{n}-{repeat + 1}.log")
         with served(cmd, url, log, env=env):
             if prompts is None:          # verispec's chat template, once, for every server
