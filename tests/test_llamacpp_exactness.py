@@ -334,6 +334,41 @@ def test_prefill_twin_prefills_on_the_plain_layout_and_decodes_on_the_repacked_o
         model.reset()
 
 
+
+def test_prefill_twin_without_the_batch_invariant_mode(smol_q4_0_gguf, smol, monkeypatch):
+    """Without the mode (repacked weights on llama.cpp's default kernels) a twin prefills too:
+    the prompt's logits are the plain layout's bit for bit, the steps after it decode on the
+    repacked weights, and a batch model's slot, twinned the same way, gives a solo model's
+    prefill and single steps bit for bit (the same cells copied, the same one-row decodes)."""
+    from verispec.models import llamacpp
+    from verispec.models.llamacpp_batch import LlamaCppBatchModel
+
+    monkeypatch.setenv("VERISPEC_LLAMACPP_PREFILL", "plain")
+    solo = llamacpp.LlamaCppModel.load(str(smol_q4_0_gguf), n_ctx=1024, batch_invariant=False)
+    batch = LlamaCppBatchModel.load(str(smol_q4_0_gguf), n_seq_max=2, n_ctx_per_seq=1024, batch_invariant=False)
+    monkeypatch.setenv(llamacpp.REPACK_ENV, "0")         # the plain layout alone, same kernels (no mode)
+    plain = llamacpp.LlamaCppModel.load(str(smol_q4_0_gguf), n_ctx=1024, batch_invariant=False)
+    try:
+        assert solo._twin is not None and batch._twin is not None and solo.extra_buffers
+        assert plain._twin is None and not plain.extra_buffers
+        ids = _context(smol, 330)
+        prompt, new = ids[:300], ids[300:306]
+        plain.reset()
+        expected = plain.forward(prompt, keep=1)
+        got = solo.forward(prompt, keep=1)
+        assert torch.equal(got, expected)                   # the twin ran the prompt
+        steps = torch.cat([solo.forward([t]) for t in new])
+        plain_steps = torch.cat([plain.forward([t]) for t in new])
+        assert not torch.equal(steps, plain_steps)          # decoding on the repacked weights
+        view = batch.open(1)
+        try:
+            assert torch.equal(view.forward(prompt, keep=1), got)
+            assert torch.equal(torch.cat([view.forward([t]) for t in new]), steps)
+        finally:
+            view.close()
+    finally:
+        batch.free()
+
 def test_prefill_twin_never_uses_cells_the_main_context_rolled_back(smol_q4_0_twin, smol, monkeypatch):
     """The twin reuses the cells it mirrors only while the main context still holds them:
     after a prefill, a rollback into the prompt, decode steps and a second prefill, every

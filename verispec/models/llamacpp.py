@@ -160,11 +160,14 @@ def batch_invariance_blocker() -> str | None:
 
 def prefill_twin(gguf_path: str, *, n_threads: int, extra_buffers: bool, flash_attn: bool, n_ctx: int,
                  main, main_prefill, n_seq_max: int = 1, kv_unified: bool = False):
-    """A `PrefillTwin` for a batch-invariant model, or None (`verispec.models.llamacpp_prefill`).
+    """A `PrefillTwin` for a llama.cpp model, or None (`verispec.models.llamacpp_prefill`).
 
     A twin is only considered where there are two layouts to choose from: the main model
-    has extra buffer types (repacked weights) and the reference switch (so its prefills
-    and decodes already run on different kernels). `VERISPEC_LLAMACPP_PREFILL`: "repacked"
+    has extra buffer types (repacked weights; in the batch-invariant mode only where the
+    reference switch scores them row by row, `use_extra_buffers`, so prefills and decodes
+    already run on different kernels there). Without the mode a twin changes no promise
+    either: its prompt's KV cells are the same in a plain run and a speculative one, and
+    that mode never claimed rows independent of their batch. `VERISPEC_LLAMACPP_PREFILL`: "repacked"
     never, "plain" always (where the model supports it), "auto" (default) where the
     cached or newly measured `choose_layout` decision for this file, thread count, CPU and
     build says the plain layout prefills at least 10 % faster.
@@ -180,9 +183,9 @@ def prefill_twin(gguf_path: str, *, n_threads: int, extra_buffers: bool, flash_a
     from . import llamacpp_prefill as lp
 
     choice = lp.prefill_choice()
-    if choice == "repacked" or not extra_buffers or reference_switch() is None:
+    if choice == "repacked" or not extra_buffers:
         return None
-    key = lp.layout_key(gguf_path, n_threads, patch_level())
+    key = lp.layout_key(gguf_path, n_threads, patch_level(), flash_attn)
     known = lp.cached_decision(key) if choice == "auto" else None
     if known is not None and not known["twin"]:
         return None                      # measured here before: the main layout prefills faster
@@ -398,9 +401,9 @@ class LlamaCppModel(CausalLM):
         model.extra_buffers = extra
         if batch_invariant:
             model._probe_batch_invariance()
-            model._twin = prefill_twin(
-                str(gguf_path), n_threads=threads, extra_buffers=extra, flash_attn=flash_attn,
-                n_ctx=n_ctx, main=lambda: model.llama._ctx.ctx, main_prefill=model._probe_prefill)
+        model._twin = prefill_twin(
+            str(gguf_path), n_threads=threads, extra_buffers=extra, flash_attn=bool(flash_attn),
+            n_ctx=n_ctx, main=lambda: model.llama._ctx.ctx, main_prefill=model._probe_prefill)
         return model
 
     def _probe_prefill(self) -> None:

@@ -195,10 +195,10 @@ class LlamaCppBatchModel:
                     tokenizer=tokenizer, name=name or os.path.basename(str(gguf_path)),
                     batch_invariant=invariant, max_rows=max_rows)
         batch.extra_buffers = extra      # as LlamaCppModel.extra_buffers
-        if invariant:                    # prompts on the plain layout where faster, as LlamaCppModel
-            batch._twin = prefill_twin(str(gguf_path), n_threads=threads, extra_buffers=extra, flash_attn=flash,
-                                       n_ctx=cparams.n_ctx, n_seq_max=n_seq_max, kv_unified=kv_unified,
-                                       main=lambda: batch._ctx, main_prefill=batch._probe_prefill)
+        # prompts on the plain layout where faster, as LlamaCppModel
+        batch._twin = prefill_twin(str(gguf_path), n_threads=threads, extra_buffers=extra, flash_attn=flash,
+                                   n_ctx=cparams.n_ctx, n_seq_max=n_seq_max, kv_unified=kv_unified,
+                                   main=lambda: batch._ctx, main_prefill=batch._probe_prefill)
         return batch
 
     def _probe_prefill(self) -> None:

@@ -239,10 +239,13 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def layout_key(gguf_path: str, n_threads: int, patch_level: int) -> str:
-    """The cache key of a layout decision: the file (name and size), threads, CPU, build."""
+def layout_key(gguf_path: str, n_threads: int, patch_level: int, flash_attn: bool = True) -> str:
+    """The cache key of a layout decision: the file (name and size), threads, CPU, build,
+    and flash attention (on in the batch-invariant mode, off without it by default; a
+    prefill's attention is part of what the probe times)."""
     path = Path(gguf_path)
-    return f"{path.name}:{path.stat().st_size}:t{n_threads}:{_cpu_name()}:p{patch_level}"
+    return (f"{path.name}:{path.stat().st_size}:t{n_threads}:{_cpu_name()}:p{patch_level}"
+            + ("" if flash_attn else ":nofa"))
 
 
 def _decisions_path() -> Path:
