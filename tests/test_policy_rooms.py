@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from verispec import theory
 from verispec.decoding import RoundRecord
@@ -147,3 +149,42 @@ def test_make_policy_checks_k_max_for_a_fixed_k_too():
         with pytest.raises(ValueError, match="k_max"):
             make_policy(3, {}, k_max=bad)
     assert make_policy("auto", {}, k_max=5).k_max == 5
+
+
+def _old_curve_times(online: OnlineCostCurve, name: str) -> list[float]:
+    """The curve's prices as `OnlineCostCurve.curve` wrote them before it shared the
+    drafter-independent part: width by width through `verify_width`."""
+    b = online.sequences
+    return ([online.single_step() + online.round_overhead(None)]
+            + [online.price(b * online.verify_width(n)) + online.round_overhead(name)
+               for n in range(2, online.n_max + 1)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(widths=st.dictionaries(st.integers(1, 24), st.floats(0.01, 2.0), min_size=1, max_size=12),
+       shared=st.dictionaries(st.integers(2, 24), st.floats(0.01, 2.0), max_size=8),
+       sequences=st.integers(1, 3), margin=st.sampled_from([0.0, 0.03, 0.2]),
+       overheads=st.lists(st.floats(0.0, 0.01), min_size=2, max_size=2))
+def test_one_pass_prices_are_the_floats_of_pricing_each_width(widths, shared, sequences, margin, overheads):
+    """`curve` builds T_t(w(n)) for every n in one pass and shares it between drafters;
+    a wrong w(n) there (an off-by-one, a tie, the margin) would silently change which k the
+    policy drafts. Every price must equal the width-by-width formula, alone and under load,
+    and follow the next observation."""
+    online = OnlineCostCurve(["model", "suffix"], 9, decay=0.9, explore_slope=0.1, margin=margin)
+    online.observe_target(1, widths.pop(1, 0.5))
+    for n, seconds in widths.items():
+        online.observe_target(n, seconds)
+    online.observe_overhead(None, overheads[0])
+    online.observe_overhead("suffix", overheads[1])
+    for name in ("model", "suffix"):
+        online.observe_draft(name, 0.01)
+    online.set_load(sequences=sequences, other_rows=0 if sequences == 1 else 1)
+    for rows, seconds in shared.items():
+        online._file(rows, seconds, alone=False)
+    for name in ("model", "suffix"):
+        assert list(online.curve(name).target_times) == _old_curve_times(online, name)
+    online.observe_target(2, 0.001)                          # a new price: both curves follow it
+    for name in ("model", "suffix"):
+        assert list(online.curve(name).target_times) == _old_curve_times(online, name)
+    online.set_load()                                        # alone again
+    assert list(online.curve("model").target_times) == _old_curve_times(online, "model")

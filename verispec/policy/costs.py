@@ -100,6 +100,9 @@ class OnlineCostCurve:
         self.catchup_cost = {name: Decayed() for name in self.draft_cost}
         self.overhead: dict[str | None, Decayed] = {name: Decayed() for name in (None, *self.draft_cost)}
         self._curves: dict[str, CostCurve] = {}   # per drafter, until the next observation or load
+        # the drafter-independent prices, (guarded T_t(1), [T_t(w(n)) for n = 2..n_max]), until
+        # the next target observation or load: every drafter's curve is built on them each round
+        self._prices: tuple[float, list[float]] | None = None
         self._slope: float | None = None            # of the solo curve, until its next observation
         self.sequences, self.other_rows = 1, 0     # the load (`set_load`)
 
@@ -131,8 +134,9 @@ class OnlineCostCurve:
         for name, value, low in (("sequences", sequences, 1), ("other_rows", other_rows, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if sequences != self.sequences:
+        if sequences != self.sequences or (sequences == 1 and other_rows == 0) != self.alone:
             self._curves.clear()
+            self._prices = None
         self.sequences, self.other_rows = sequences, other_rows
 
     # -- learning --------------------------------------------------------------------------
@@ -151,6 +155,7 @@ class OnlineCostCurve:
         if not self.accepts(seconds):
             return False
         self._curves.clear()
+        self._prices = None
         if alone is None:
             alone = self.alone
         if alone:
@@ -298,6 +303,21 @@ class OnlineCostCurve:
                 best, best_t = m, cost.mean
         return best if best_t < base * (1.0 - self.margin) else n
 
+    def _verify_prices(self) -> list[float]:
+        """[T_t(B·w(n)) for n = 2..n_max] in one pass from the widest down: the same floats
+        as `price(B·verify_width(n))` for each n, at O(n_max) instead of O(n_max²) (the price
+        of w(n) is the smallest measured T_t(B·m), m > n, where that beats T_t(B·n) by the
+        margin, else T_t(B·n) itself)."""
+        b, out = self.sequences, []
+        least = math.inf                         # smallest measured T_t(B·m) among widths m > n
+        for n in range(self.n_max, 1, -1):
+            base = self.price(b * n)
+            out.append(least if least < base and least < base * (1.0 - self.margin) else base)
+            cost = self._measured(b * n)
+            if cost is not None and cost.mean < least:
+                least = cost.mean
+        return out[::-1]
+
     def single_step(self) -> float:
         """T_t(1) as priced (T_t(B) under a load of B sequences): not above the line through
         T_t(2B), T_t(3B) while it rests on no more observations than either (a noisy single-token
@@ -326,11 +346,12 @@ class OnlineCostCurve:
             t_d = self.draft_time(name)
             if not self.ready or t_d is None:
                 return None
-            b = self.sequences
+            if self._prices is None:
+                self._prices = (self.single_step(), self._verify_prices())
+            single, widths = self._prices
             plain, drafted = self.round_overhead(None), self.round_overhead(name)
-            times = [self.single_step() + plain] + [self.price(b * self.verify_width(n)) + drafted
-                                                    for n in range(2, self.n_max + 1)]
-            curve = self._curves[name] = CostCurve(tuple(times), b * t_d)
+            times = [single + plain] + [seconds + drafted for seconds in widths]
+            curve = self._curves[name] = CostCurve(tuple(times), self.sequences * t_d)
         return curve
 
     def _priced(self, drafter: str | None) -> CostCurve:
