@@ -10,6 +10,7 @@ ties at the maximum (both must take the lowest id) and a maximum that moves row 
 from __future__ import annotations
 
 import contextlib
+import random
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from verispec.models.llamacpp import LlamaCppModel
 from verispec.models.toy import FunctionModel
 from verispec.policy import FixedPolicy
 from verispec.sampling import SamplingConfig, SeededRandomness
+from verispec.verify import standard
 
 VOCAB = 11
 
@@ -114,3 +116,101 @@ def test_nan_logits_raise_on_the_shortcut_as_on_the_full_path(controls):
     model = FunctionModel(broken, VOCAB)
     with pytest.raises(FloatingPointError, match="NaN logits"):
         _decode(model, SamplingConfig(temperature=0.0, **controls))
+
+
+# -- the drafted greedy shortcut ----------------------------------------------------------
+
+class _Guesser:
+    """A drafter that proposes, position by position, one of the tied maxima of `_tied`
+    (often not the lowest id, which greedy must reject), the lowest one, or another id;
+    with `soft`, it also reports a q that is not a point mass (as a sampled draft model's)."""
+
+    name, alpha_prior, forwards, seconds, catchup_seconds = "guess", 0.5, 0, 0.0, 0.0
+
+    def __init__(self, soft: bool = False) -> None:
+        self.soft = soft
+        self.point_mass = not soft
+
+    def available(self, context) -> int:
+        return 8
+
+    def propose(self, context, k, sample):
+        seq, x = list(context), []
+        for i in range(k):
+            row = _tied(seq)
+            tied = [t for t in range(VOCAB) if row[t] == row.max()]
+            pick = random.Random(len(seq)).randrange(4)    # a function of the context
+            x.append(tied[0] if pick < 2 else tied[-1] if pick == 2 else (tied[0] + 1) % VOCAB)
+            seq.append(x[-1])
+        if not self.soft:
+            return x, None
+        q = torch.full((k, VOCAB), 0.2 / (VOCAB - 1))
+        q[torch.arange(k), torch.tensor(x)] = 0.8
+        return x, q
+
+    def rollback(self, committed) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+def _rounds(model, drafter, rule, k: int, sampling=SamplingConfig()):
+    records = []
+    out = decode(model, [1, 2, 3], FixedPolicy(drafter, k), sampling=sampling, max_new_tokens=40,
+                 rng=SeededRandomness(0), rule=rule, observer=records.append).tokens
+    return out, records
+
+
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("rule_name", ["standard", "gumbel"])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_drafted_greedy_shortcut_equals_warp_and_rule(soft, rule_name, k):
+    """A drafted greedy round on the raw argmax (`_greedy_verification`) must accept, emit
+    and record exactly what warp + rule do: the same rule without its
+    `argmax_under_greedy` promise runs the full path. Drafts hit tied maxima that are not
+    the lowest id (to be rejected), the lowest (accepted) and misses."""
+    from verispec.verify import RULES, GumbelRule, UniformRule, min_one_p_over_q, verify
+
+    class FullGumbel(GumbelRule):
+        argmax_under_greedy = False
+
+    full_rule = (UniformRule(verify, "standard-full", min_one_p_over_q) if rule_name == "standard"
+                 else FullGumbel())
+    model = FunctionModel(_tied, VOCAB, name="tied")
+    fast, fast_records = _rounds(model, _Guesser(soft), RULES[rule_name], k)
+    full, full_records = _rounds(model, _Guesser(soft), full_rule, k)
+    assert fast == full == _decode(model, SamplingConfig())        # = plain greedy, ties included
+    assert [(r.k, r.accepted, r.committed, r.width) for r in fast_records] == \
+        [(r.k, r.accepted, r.committed, r.width) for r in full_records]
+    assert any(r.accepted > 0 for r in fast_records) and any(r.accepted == 0 for r in fast_records)
+    assert k == 1 or any(0 < r.accepted < r.k for r in fast_records)
+    for a, b in zip(fast_records, full_records):
+        for name in ("alphas", "px", "qx", "logits"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert x.dtype == y.dtype and torch.equal(x, y), (name, x, y)
+
+
+def test_a_biased_rule_is_never_shortcut_under_greedy():
+    """The audit's biased rules must run as written (an audit of a rule the loop replaced
+    by the argmax would pass a broken rule): one that accepts every draft emits them."""
+    from verispec.verify import UniformRule
+
+    def accept_all(p, q, x, u):
+        return x.shape[0], p[-1]
+
+    model = FunctionModel(_tied, VOCAB, name="tied")
+    out, records = _rounds(model, _Guesser(), UniformRule(accept_all, "accept-all"), 3)
+    assert all(r.accepted == r.k for r in records)
+    assert out != _decode(model, SamplingConfig())
+
+
+def test_nan_logits_in_a_drafted_row_raise_on_the_shortcut():
+    def broken(prefix):
+        out = _tied(prefix)
+        if len(prefix) >= 6:
+            out[4] = float("nan")
+        return out
+
+    with pytest.raises(FloatingPointError, match="NaN logits"):
+        _rounds(FunctionModel(broken, VOCAB), _Guesser(), standard, 4)

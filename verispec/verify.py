@@ -125,6 +125,11 @@ class Rule(Protocol):
             ("draft": independent of the rule's draws; "sample": shared noise).
         uses_uniforms: whether the rule draws `rng.uniform(k, t)` once per round
             with k > 0 (exact enumeration needs to know).
+        argmax_under_greedy: optional, default False. True promises that when every p_i
+            is a point mass on a*_i (greedy decoding), the rule accepts exactly the
+            longest prefix of x equal to a* and then emits a*_{n+1}, whatever q and the
+            randomness: `decode` then verifies on the raw logits' argmax, with no warp and
+            no q rows. A biased rule (the audit's shortcuts) must not claim it.
     """
 
     name: str
@@ -164,14 +169,18 @@ class UniformRule:
         acceptance_probs: optional ``(p, q, x) -> [k] floats``, P(accept x_i) given
             x_1..x_{i-1} accepted, when the test is "u_i below that" (the exact
             enumeration weighs acceptance patterns with it).
+        argmax_under_greedy: the `Rule` promise (True only for an exact test; the
+            audit's biased shortcuts leave it False, so the loop runs them in full).
     """
 
     draft_stream = "draft"
     uses_uniforms = True
 
-    def __init__(self, verify_fn, name: str, acceptance_probs=None) -> None:
+    def __init__(self, verify_fn, name: str, acceptance_probs=None, *,
+                 argmax_under_greedy: bool = False) -> None:
         self.verify_fn, self.name = verify_fn, name
         self.acceptance_probs = acceptance_probs
+        self.argmax_under_greedy = argmax_under_greedy
 
     def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, rng: Randomness,
                  position: int) -> tuple[int, int]:
@@ -202,6 +211,7 @@ class GumbelRule:
     name = "gumbel"
     draft_stream = "sample"
     uses_uniforms = False
+    argmax_under_greedy = True     # y_i ~ p_i is a*_i when p_i is a point mass
 
     def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, rng: Randomness,
                  position: int) -> tuple[int, int]:
@@ -216,7 +226,9 @@ class GumbelRule:
         return "GumbelRule()"
 
 
-standard = UniformRule(verify, "standard", min_one_p_over_q)
+# with p_i the point mass on a*_i: u·q(x_i) < p(x_i) iff x_i = a*_i (u < 1, q <= 1), and the
+# residual max(0, p - q) is nonzero only at a*_i
+standard = UniformRule(verify, "standard", min_one_p_over_q, argmax_under_greedy=True)
 gumbel = GumbelRule()
 
 #: Rules by name, for the API, the CLI and the audit (a new rule is one class plus one line).
