@@ -327,7 +327,7 @@ def _greedy_verification(target: CausalLM, seq: list[int], x: list[int], q: torc
         (n, y, logits, (alphas, px, qx), seconds): n accepted, y the token after them;
         logits [k+1, V] raw rows; alphas, px, qx [k] in p's dtype (float32, float64 for a
         float64 model) as the full path computes them: α_i = Σ min(p_i, q_i) = q_i(a*_i),
-        p_i(x_i) = [x_i = a*_i], q_i(x_i) (1 for a point mass).
+        p_i(x_i) = [x_i = a*_i], q_i(x_i) (1 for a point mass); all three None for k = 0.
 
     Raises:
         FloatingPointError: NaN logits in a scored row (`warp`'s guard).
@@ -345,6 +345,8 @@ def _greedy_verification(target: CausalLM, seq: list[int], x: list[int], q: torc
     if bool(top.isnan().any()):
         raise FloatingPointError(NAN_LOGITS)
     best = best.tolist()
+    if not k:                                    # a plain step: nothing to rate (the hot path)
+        return 0, best[0], logits, (None, None, None), seconds
     n = next((i for i in range(k) if x[i] != best[i]), k)
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     px = torch.tensor([float(a == b) for a, b in zip(x, best)], dtype=dtype)
