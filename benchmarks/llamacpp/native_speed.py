@@ -1,8 +1,10 @@
 """Plain decoding speed: verispec `--k 0` against native `llama-bench`, interleaved in one run.
 
-Each repeat runs, in turn: `llama-bench -p 512 -n 128 -t T` (native prefill of a 512-token
-prompt and decode of 128 tokens, llama.cpp's defaults), then verispec in this process with
-its default settings (no environment variables; the batch-invariant mode as shipped):
+Each repeat runs `llama-bench -p 512 -n 128 -t T` (native prefill of a 512-token prompt and
+decode of 128 tokens, llama.cpp's defaults) and verispec in this process with its default
+settings (no environment variables; the batch-invariant mode as shipped), native first in
+even repeats and verispec first in odd ones (a machine that drifts within a repeat favours
+neither side):
 
     prefill  a 512-token prompt (511 tokens prefilled, the last one is fed by the first
              round, as in every generation): 511 / Stats.prefill_seconds
@@ -142,20 +144,26 @@ def main() -> None:
     names = ["llama-bench" if i == 0 else f"llama-bench {a}" for i, a in enumerate(natives)]
 
     repeats = []
-    for i in range(args.repeats):
-        row = {}
+    def native(row: dict) -> None:
         for name, extra in zip(names, natives):
             row[name] = llama_bench(Path(args.bin_dir) / "llama-bench", str(t.gguf_path),
                                     args.threads, args.bench_reps, extra.split())
+
+    def ours(row: dict) -> None:
         for name, d in decoders.items():
             row[name] = verispec_speeds(d, long_ids, short_ids)
         if args.bare:
             row["bare llama-cpp-python"] = bare_speeds(variants["verispec"], long_ids, short_ids)
+
+    for i in range(args.repeats):
+        row = {"order": "native first" if i % 2 == 0 else "verispec first"}
+        for part in ((native, ours) if i % 2 == 0 else (ours, native)):   # mirrored: a drift
+            part(row)                                                     # favours neither side
         repeats.append(row)
         print(json.dumps(row), file=sys.stderr)
 
     summary = {}
-    for name in [n for n in repeats[0] if n != "llama-bench"]:
+    for name in [n for n in repeats[0] if n not in ("llama-bench", "order")]:
         for what in ("prefill", "decode"):
             ratios = [r[name][what] / r["llama-bench"][what] for r in repeats]
             summary[f"{name} {what}"] = {"median_ratio": statistics.median(ratios),
