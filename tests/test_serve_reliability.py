@@ -140,6 +140,35 @@ def test_a_full_queue_is_a_429_with_retry_after_and_the_queue_is_fifo():
         assert c.post("/v1/completions", json={"prompt": [5], "max_tokens": 3}).status_code == 200
 
 
+def test_a_request_of_n_choices_is_admitted_whole_or_not_at_all():
+    """A 429 for an n > 1 request used to queue the choices that fitted and cancel them: they
+    held queue places from other clients until skipped and were counted as aborted requests.
+    Now the n choices are queued together or none is; n above the queue's size is a 400."""
+    gate = threading.Semaphore(0)
+    app = create_app(toy_decoder(gate=gate, draft=False), k=0, max_queue=3)
+    engine = app.state.verispec.engine
+    with BackgroundServer(app) as url, ThreadPoolExecutor(3) as pool, httpx.Client(base_url=url, timeout=60) as c:
+        first = pool.submit(c.post, "/v1/completions", json={"prompt": [1, 2], "max_tokens": 3})
+        wait_for(lambda: engine.current is not None, what="the first request to start")
+        second = pool.submit(c.post, "/v1/completions", json={"prompt": [3, 4], "max_tokens": 3})
+        wait_for(lambda: engine.waiting == 1, what="the second request to queue")
+        before = metric_totals(c.get("/metrics").text)
+        busy = c.post("/v1/completions", json={"prompt": [5], "max_tokens": 3, "n": 3, "temperature": 1, "seed": 1})
+        assert busy.status_code == 429 and busy.json()["error"]["code"] == "rate_limit_exceeded"
+        assert engine.waiting == 1                       # no choice of it was left in the queue
+        never = c.post("/v1/completions", json={"prompt": [5], "max_tokens": 3, "n": 4, "temperature": 1})
+        assert never.status_code == 400 and never.json()["error"]["param"] == "n"
+        fits = pool.submit(c.post, "/v1/completions", json={"prompt": [5], "max_tokens": 3, "n": 2,
+                                                            "temperature": 1, "seed": 1})
+        wait_for(lambda: engine.waiting == 3, what="both choices of the n = 2 request to queue")
+        gate.release(10_000)
+        assert first.result().status_code == second.result().status_code == 200
+        assert len(fits.result().json()["choices"]) == 2
+        after = metric_totals(c.get("/metrics").text)
+    abort = 'verispec:request_success_total{finished_reason="abort"}'
+    assert after.get(abort, 0.0) == before.get(abort, 0.0)
+
+
 def test_a_client_that_disconnects_mid_stream_costs_at_most_one_more_round():
     """Rounds are counted, not timed: the target's forwards are gated, so the test knows
     how many rounds had run when the server learnt of the disconnect."""

@@ -331,11 +331,8 @@ async def _generate(endpoint: str, request: Request, state: ServeState):
     for job in jobs:
         job.deadline = job.arrival + state.limits.request_timeout
     try:
-        for job in jobs:
-            state.engine.submit(job)
+        state.engine.submit_all(jobs)          # all n choices, or none
     except QueueFull as e:
-        for job in jobs:
-            job.cancel()          # those already queued are skipped, never decoded
         raise ApiError(429, f"the server is busy: {e}", code="rate_limit_exceeded",
                        headers={"Retry-After": str(e.retry_after)}) from None
     watcher = asyncio.create_task(_watch_disconnect(request.receive, jobs))

@@ -161,21 +161,32 @@ class Engine:
 
     # -- the HTTP side -----------------------------------------------------------------
     def submit(self, job: Job) -> None:
-        """Queue `job`.
+        """Queue `job` (`submit_all` of one)."""
+        self.submit_all([job])
+
+    def submit_all(self, jobs: list[Job]) -> None:
+        """Queue `jobs` (the n choices of one request) all together, or none of them: a
+        request is never half admitted, so a refused one leaves no choice behind to hold a
+        queue place or be counted as aborted.
 
         Raises:
-            QueueFull: when `max_queue` requests are already waiting.
-            ApiError: 503 when the server is shutting down.
+            QueueFull: when fewer than len(jobs) of the `max_queue` places are free.
+            ApiError: 400 naming `n` when len(jobs) exceeds `max_queue` (it could never be
+                admitted: retrying would not help); 503 when the server is shutting down.
         """
         with self._cv:
             if self._closed:
                 raise ApiError(503, "the server is shutting down")
-            if len(self._queue) >= self.max_queue:
-                ahead = len(self._queue) + 1
+            if len(jobs) > max(self.max_queue, 1):
+                raise bad_request("n", f"n = {len(jobs)} choices need {len(jobs)} queue places; this "
+                                       f"server queues at most {self.max_queue} (--max-queue): ask for "
+                                       f"fewer choices or send several requests")
+            if len(self._queue) + len(jobs) > self.max_queue:
+                ahead = len(self._queue) + len(jobs)
                 raise QueueFull(max(1, math.ceil(self._service_seconds * ahead / self.slots)), len(self._queue))
-            self._queue.append(job)
+            self._queue.extend(jobs)
             self.metrics.waiting.set(len(self._queue))
-            self._cv.notify()
+            self._cv.notify_all()
 
     slots = 1                       # requests decoded at once
     prompt_logprobs = True          # echo + logprobs supported
