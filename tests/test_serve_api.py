@@ -199,6 +199,9 @@ def test_models_health_and_metrics(toy):
     assert client.get("/health").json() == {"status": "ok"}
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "toy"
+    assert client.get("/v1/models/toy").json() == models["data"][0]
+    missing = client.get("/v1/models/gpt-4")
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
     metrics = client.get("/metrics")
     assert metrics.status_code == 200 and "verispec:spec_decode_num_drafts_total" in metrics.text
     assert client.get("/nowhere").json()["error"]["type"] == "not_found_error"

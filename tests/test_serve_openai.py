@@ -112,3 +112,14 @@ def test_a_bad_chat_request_is_a_400_naming_the_field_and_the_server_goes_on(smo
     assert e.value.body["param"] == "model"
     ok = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert ok.usage.completion_tokens == 2
+
+
+def test_the_sdk_retrieves_the_served_model_and_a_clear_404_for_another(smol):
+    """`client.models.retrieve(id)` (GET /v1/models/{id}) was a 404 for the served model too."""
+    _, client, _ = smol
+    card = client.models.retrieve(MODEL)
+    assert card.id == MODEL and card.object == "model"
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4")
+    assert err.value.body["param"] == "model" and err.value.body["code"] == "model_not_found"

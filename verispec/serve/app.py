@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI-compatible routes over one `SpeculativeDecoder`.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
+(and ``GET /v1/models/{id}``),
 ``POST /tokenize`` and ``POST /detokenize`` (vLLM's shapes: exact token ids for clients
 and audits) and ``GET /tokenizer_info`` (what lm-eval's remote tokenizer reads), all
 behind ``Authorization: Bearer KEY`` when an API key is set; ``GET /health`` (503 while
@@ -173,13 +174,24 @@ def create_app(decoder=None, *, model_name: str | None = None, k: int | str = "a
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
 
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "verispec",
+                "max_model_len": state.decoder.target.context_length}
+
     @v1.get("/models")
     async def models() -> dict:
         state.require_ready()
-        target = state.decoder.target
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "verispec",
-             "max_model_len": target.context_length} for name in state.defaults.model_names]}
+        return {"object": "list", "data": [model_card(name) for name in state.defaults.model_names]}
+
+    @v1.get("/models/{model:path}")
+    async def model(model: str) -> dict:
+        """One served model (the OpenAI SDK's `models.retrieve`); 404 naming it otherwise."""
+        state.require_ready()
+        if model not in state.defaults.model_names:
+            raise ApiError(404, f"model {short(model)} is not served here; /v1/models lists "
+                                f"{', '.join(state.defaults.model_names)}", param="model",
+                           code="model_not_found")
+        return model_card(model)
 
     @v1.post("/chat/completions")
     async def chat(request: Request):
