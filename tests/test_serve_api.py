@@ -94,6 +94,16 @@ def test_logprobs_are_the_raw_target_log_softmax_not_the_warped_one(toy):
         assert lp["top_logprobs"][j] == pytest.approx({str(int(i)): float(v) for v, i in zip(*top)})
 
 
+def test_logprobs_0_gives_each_chosen_token_alone_in_top_logprobs(toy):
+    """OpenAI's legacy completions: up to logprobs + 1 entries, the chosen token always among
+    them; with logprobs 0 that is the chosen token alone (it was null)."""
+    _, client = toy
+    body = complete(client, max_tokens=5, temperature=0, logprobs=0, return_token_ids=True)
+    lp = body["choices"][0]["logprobs"]
+    assert lp["top_logprobs"] == [{t: v} for t, v in zip(lp["tokens"], lp["token_logprobs"])]
+    assert len(lp["tokens"]) == 5
+
+
 def test_seeded_sampling_reproduces_across_requests_and_equals_generate(toy):
     decoder, client = toy
     for k in (3, "auto"):

@@ -55,15 +55,15 @@ def _chat_logprobs(lps: list[TokenLogprob]) -> dict:
             "refusal": None}
 
 
-def _completion_logprobs(lps: list[TokenLogprob], n_top: int, offset: int) -> dict:
+def _completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict:
     offsets = []
     for t in lps:                      # offsets of each token's own text (approximate where a
         offsets.append(offset)         # token ends inside a character)
         offset += len(t.token)
-    tops = None
-    if n_top:
-        tops = [None if t.logprob is None else {**{s: v for _, s, v, _ in t.top}, t.token: t.logprob}
-                for t in lps]
+    # the n most likely and the chosen one: with logprobs 0, the chosen one alone (OpenAI's
+    # "up to logprobs + 1 elements"; it was null)
+    tops = [None if t.logprob is None else {**{s: v for _, s, v, _ in t.top}, t.token: t.logprob}
+            for t in lps]
     return {"tokens": [t.token for t in lps], "token_logprobs": [t.logprob for t in lps],
             "top_logprobs": tops, "text_offset": offsets}
 
@@ -97,7 +97,7 @@ class Renderer:
     def _logprobs(self, lps: list[TokenLogprob], offset: int = 0) -> dict | None:
         if self.req.logprobs is None:
             return None
-        return _chat_logprobs(lps) if self.chat else _completion_logprobs(lps, self.req.logprobs, offset)
+        return _chat_logprobs(lps) if self.chat else _completion_logprobs(lps, offset)
 
     def usage(self, outcome: Outcome | None) -> dict:
         n_prompt = len(self.req.prompt_ids)
