@@ -156,6 +156,25 @@ def test_lm_eval_generate_until_and_remote_tokenizer(smol):
     assert eos[0] == decoder.tokenizer.eos_token_id                      # RemoteTokenizer.eos_token_id
 
 
+def test_tokenize_takes_vllms_add_generation_prompt_for_messages(smol):
+    """vLLM's /tokenize field (default true) was refused as unknown."""
+    decoder, client = smol
+    messages = [{"role": "user", "content": "Hi there"}]
+    template = decoder.tokenizer.apply_chat_template
+
+    def ids(flag):
+        out = template(messages, add_generation_prompt=flag, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+    assert send(client, "/tokenize", {"messages": messages})["tokens"] == ids(True)
+    assert send(client, "/tokenize", {"messages": messages, "add_generation_prompt": True})["tokens"] == ids(True)
+    assert send(client, "/tokenize", {"messages": messages, "add_generation_prompt": False})["tokens"] == ids(False)
+    assert ids(False) != ids(True)
+    for body in ({"messages": messages, "add_generation_prompt": "no"}, {"prompt": "Hi", "add_generation_prompt": False}):
+        r = client.post("/tokenize", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "add_generation_prompt", r.text
+
+
 def test_guidellm_streams_carry_usage_in_every_chunk_and_ignore_eos_gives_the_exact_length(smol):
     _, client = smol
     for request in fixture("guidellm")["requests"]:

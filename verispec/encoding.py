@@ -35,9 +35,10 @@ def has_chat_template(tokenizer) -> bool:
     return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
 
 
-def chat_ids(tokenizer, messages: Sequence[dict], *, param: str = "messages") -> list[int]:
+def chat_ids(tokenizer, messages: Sequence[dict], *, param: str = "messages",
+             add_generation_prompt: bool = True) -> list[int]:
     """Token ids of chat `messages` ({"role", "content"} dicts) under the chat template,
-    with the assistant's generation prompt appended.
+    with the assistant's generation prompt appended (unless `add_generation_prompt` is False).
 
     Raises:
         PromptError: naming `param` when there is no tokenizer or chat template, or the
@@ -49,7 +50,8 @@ def chat_ids(tokenizer, messages: Sequence[dict], *, param: str = "messages") ->
         raise PromptError("this model has no chat template: give a raw text prompt "
                           "(use_chat_template=False, --no-chat-template, /v1/completions)", param)
     try:
-        ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
+                                            tokenize=True)
     except Exception as e:  # noqa: BLE001 - jinja's TemplateError and friends: the template refused
         raise PromptError(f"the chat template refused these messages: {e}", param) from None
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids   # newer transformers return a BatchEncoding

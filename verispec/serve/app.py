@@ -234,15 +234,21 @@ def create_app(decoder=None, *, model_name: str | None = None, k: int | str = "a
 
 
 def _tokenize(body: dict, state: ServeState) -> dict:
-    _only(body, {"model", "prompt", "messages", "add_special_tokens", "return_token_strs"})
+    _only(body, {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                 "return_token_strs"})
     _check_model(body.get("model"), state)
-    add_special = body.get("add_special_tokens", True)
-    if not isinstance(add_special, bool):
-        raise bad_request("add_special_tokens", "add_special_tokens must be true or false")
+    flags = {name: body.get(name, True) for name in ("add_special_tokens", "add_generation_prompt")}
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise bad_request(name, f"{name} must be true or false")
     if ("prompt" in body) == ("messages" in body):
         raise bad_request("prompt", "give exactly one of prompt (text) or messages (chat)")
+    if "add_generation_prompt" in body and "messages" not in body:
+        raise bad_request("add_generation_prompt", "add_generation_prompt applies to messages (chat), "
+                                                   "not to a text prompt")
+    add_special = flags["add_special_tokens"]
     if "messages" in body:
-        ids = state.prompter.chat(_messages(body["messages"]))
+        ids = state.prompter.chat(_messages(body["messages"]), add_generation_prompt=flags["add_generation_prompt"])
     else:
         if not isinstance(body["prompt"], str):
             raise bad_request("prompt", "prompt must be a string")

@@ -44,16 +44,18 @@ class Prompter:
     def has_chat_template(self) -> bool:
         return encoding.has_chat_template(self.tokenizer)
 
-    def chat(self, messages: list[dict], param: str = "messages") -> list[int]:
+    def chat(self, messages: list[dict], param: str = "messages", add_generation_prompt: bool = True) -> list[int]:
         """Token ids of `messages` (already validated: role + text content) under the
-        chat template, with the assistant's generation prompt appended.
+        chat template, with the assistant's generation prompt appended (unless
+        `add_generation_prompt` is False: /tokenize's vLLM field).
 
         Raises:
             ApiError: 400 naming `param` when the model has no tokenizer or chat template,
                 or the template refuses the conversation (e.g. roles out of order).
         """
         with self._lock, _as_400():
-            return encoding.chat_ids(self.tokenizer, messages, param=param)
+            return encoding.chat_ids(self.tokenizer, messages, param=param,
+                                     add_generation_prompt=add_generation_prompt)
 
     def text(self, prompt: str, param: str = "prompt", add_special_tokens: bool = True) -> list[int]:
         """Token ids of raw text (no chat template)."""
