@@ -146,12 +146,10 @@ def smol_batch_invariant():
     return model
 
 
-@pytest.fixture(scope="session")
-def smol_q4_0_gguf(tmp_path_factory):
-    """SmolLM2-135M requantized to Q4_0 by llama.cpp itself (`llama_model_quantize`, a few
-    seconds): a type llama.cpp repacks at load on AVX2 and Arm CPUs (CPU_REPACK), so the
-    batch-invariant mode's repacked path is exercised. Skips where that path is not exact
-    (`verispec.models.llamacpp.exact_repack`: an older build, AMX or KleidiAI)."""
+def _requantized(tmp_path_factory, ftype_name: str):
+    """SmolLM2-135M requantized by llama.cpp itself (`llama_model_quantize`, a few seconds) to
+    `llama_cpp.<ftype_name>`; skips where the batch-invariant mode's repacked path is not
+    exact (`verispec.models.llamacpp.exact_repack`: an older build, AMX or KleidiAI)."""
     import ctypes
 
     import llama_cpp
@@ -162,8 +160,24 @@ def smol_q4_0_gguf(tmp_path_factory):
     if not llamacpp.exact_repack():
         pytest.skip("this llama.cpp build has no exact repacked path (patch level < 2, AMX or KleidiAI)")
     source = resolve("smollm2-135m", weights=False).gguf_path
-    path = tmp_path_factory.mktemp("q4_0") / "smollm2-135m-q4_0.gguf"
+    label = ftype_name.removeprefix("LLAMA_FTYPE_MOSTLY_").lower()
+    path = tmp_path_factory.mktemp(label) / f"smollm2-135m-{label}.gguf"
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype, params.allow_requantize, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, True, 2
+    params.ftype, params.allow_requantize, params.nthread = getattr(llama_cpp, ftype_name), True, 2
     assert llama_cpp.llama_model_quantize(str(source).encode(), str(path).encode(), ctypes.byref(params)) == 0
     return path
+
+
+@pytest.fixture(scope="session")
+def smol_q4_0_gguf(tmp_path_factory):
+    """SmolLM2-135M in Q4_0: a type llama.cpp repacks at load on AVX2 and Arm CPUs
+    (CPU_REPACK), so the batch-invariant mode's repacked path is exercised (`_requantized`)."""
+    return _requantized(tmp_path_factory, "LLAMA_FTYPE_MOSTLY_Q4_0")
+
+
+@pytest.fixture(scope="session")
+def smol_q4_k_m_gguf(tmp_path_factory):
+    """SmolLM2-135M in Q4_K_M, the type of the registry's GGUFs: its Q4_K tensors (the FFN
+    down-projections; 576-wide rows fall back to other types) are repacked on AVX2 and, under
+    the reference switch, scored by the multi-row Q4_K kernel (`tools/gemv_rows_q4_K.cpp`)."""
+    return _requantized(tmp_path_factory, "LLAMA_FTYPE_MOSTLY_Q4_K_M")

@@ -248,42 +248,56 @@ def test_token_audit_reference_computes_the_generation_logits_bit_for_bit(smol, 
     smol.reset()
 
 
-@pytest.fixture(scope="module")
-def smol_q4_0(smol_q4_0_gguf):
-    """The Q4_0 SmolLM2 (`smol_q4_0_gguf`) loaded twice in the batch-invariant mode: with
-    llama.cpp's repacked weights and, for comparison, without (the SmolLM2 GGUF of the other
-    tests is Q4_1, which llama.cpp does not repack)."""
+def _repacked_and_plain(gguf):
+    """`gguf` loaded twice in the batch-invariant mode: with llama.cpp's repacked weights and,
+    for comparison, without."""
     from verispec.models import llamacpp
 
     mp = pytest.MonkeyPatch()
     try:
         mp.setenv(llamacpp.REPACK_ENV, "0")
-        plain = llamacpp.LlamaCppModel.load(str(smol_q4_0_gguf), n_ctx=2048, batch_invariant=True)
+        plain = llamacpp.LlamaCppModel.load(str(gguf), n_ctx=2048, batch_invariant=True)
         mp.setenv(llamacpp.REPACK_ENV, "1")
-        repacked = llamacpp.LlamaCppModel.load(str(smol_q4_0_gguf), n_ctx=2048, batch_invariant=True)
+        repacked = llamacpp.LlamaCppModel.load(str(gguf), n_ctx=2048, batch_invariant=True)
     finally:
         mp.undo()
     assert repacked.extra_buffers and not plain.extra_buffers
     return repacked, plain
 
 
+@pytest.fixture(scope="module")
+def smol_q4_0(smol_q4_0_gguf):
+    """The Q4_0 SmolLM2 (`smol_q4_0_gguf`), repacked and plain (`_repacked_and_plain`; the
+    SmolLM2 GGUF of the other tests is Q4_1, which llama.cpp does not repack)."""
+    return _repacked_and_plain(smol_q4_0_gguf)
+
+
+@pytest.fixture(scope="module")
+def smol_q4_k_m(smol_q4_k_m_gguf):
+    """The Q4_K_M SmolLM2 (`smol_q4_k_m_gguf`), repacked and plain."""
+    return _repacked_and_plain(smol_q4_k_m_gguf)
+
+
+@pytest.mark.parametrize("quant", ["smol_q4_0", "smol_q4_k_m"])
 @pytest.mark.parametrize("context_len", [40, 600])
-def test_repacked_weights_score_a_batch_as_single_tokens(smol_q4_0, smol, context_len):
+def test_repacked_weights_score_a_batch_as_single_tokens(request, quant, smol, context_len):
     """With the weights in llama.cpp's repacked layout (its default on AVX2 and Arm, 1.2-1.45x
     faster decode on a 2-core AMD EPYC), the batch-invariant mode stays bit-exact: forwards of
-    2..16 rows (4-row groups would go through repack's gemm, another accumulation order than
-    a single token's gemv) equal single-token steps. The repacked layout really is in use: its
-    single steps differ from the same model's without repacking. (On a build whose switch does
-    not reach repack.cpp the load itself fails: its 8-row probe goes through the gemm.)"""
-    repacked, plain = smol_q4_0
-    ids = _context(smol, context_len + 16)
+    2..17 rows (4-row groups would go through repack's gemm, another accumulation order than
+    a single token's gemv; Q4_K rows go through the multi-row kernel, one unpack of each
+    weight block for all rows, in tiles of 16) equal single-token steps. The repacked layout
+    really is in use: its single steps differ from the same model's without repacking. (On a
+    build whose switch does not reach repack.cpp the load itself fails: its 8-row probe goes
+    through the gemm.)"""
+    repacked, plain = request.getfixturevalue(quant)
+    ids = _context(smol, context_len + 17)
     prefix, new = ids[:context_len], ids[context_len:]
     steps = {}
     for name, model in (("repacked", repacked), ("plain", plain)):
         model.reset()
         model.forward(prefix, keep=1)
         steps[name] = torch.cat([model.forward([t]) for t in new])
-        for rows in (2, 4, 5, 8, 16):
+        for rows in (2, 3, 4, 5, 8, 9, 16, 17):
             model.truncate(context_len)
             batch = model.forward(new[:rows])
             assert torch.equal(batch, steps[name][:rows]), (name, rows, float((batch - steps[name][:rows]).abs().max()))
