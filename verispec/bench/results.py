@@ -112,12 +112,23 @@ def _version(module: str) -> str | None:
         return None
 
 
+def _llama_patch_level() -> int | None:
+    """Which of verispec's llama.cpp edits the installed llama-cpp-python has, or None."""
+    try:
+        from ..models.llamacpp import patch_level
+        return patch_level()
+    except ImportError:
+        return None
+
+
 def collect_meta(**settings: Any) -> dict:
     """Command-independent facts about this machine and software, plus `settings`.
 
     Returns:
         {"date", "loadavg_at_start", "machine": {cpu, cores, usable_cores, torch_threads, gpu, platform},
-         "versions": {python, torch, transformers, llama-cpp-python, verispec}, **settings}.
+         "versions": {python, torch, transformers, llama-cpp-python, llama-cpp-patch (verispec's
+         llama.cpp edits built in, `verispec.models.llamacpp.patch_level`; None without
+         llama-cpp-python), verispec}, **settings}.
     """
     import torch
 
@@ -137,6 +148,7 @@ def collect_meta(**settings: Any) -> dict:
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": _version("transformers"),
                      "llama-cpp-python": _version("llama-cpp-python"),
+                     "llama-cpp-patch": _llama_patch_level(),
                      "verispec": _version("verispec") or __version__},
         **settings,
     }
