@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from .drafters.base import Drafter, DraftSampler, point_masses
@@ -305,6 +306,29 @@ def _verification_forward(target: CausalLM, seq: list[int], x: list[int], sampli
     return logits, p, target.forward_seconds - before
 
 
+def _argmax_rows(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax, ties to the lowest id (as `warp`), for logits [n, V].
+
+    On a CPU float32/float64 tensor numpy's argmax on the same memory (~5 µs a row of a 152k
+    vocabulary against ~75 µs for torch's max on one thread: ~0.3 % of a 26 ms plain step);
+    elsewhere torch's max. Both return the first maximum, and both let a NaN win the row, so
+    a NaN row is caught by the value at the argmax.
+
+    Raises:
+        FloatingPointError: NaN logits in a row (`warp`'s guard).
+    """
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        rows = logits.detach().numpy()
+        best = rows.argmax(-1)
+        if np.isnan(rows[np.arange(rows.shape[0]), best]).any():
+            raise FloatingPointError(NAN_LOGITS)
+        return best.tolist()
+    top, best = logits.max(-1)                   # max propagates NaN: the same guard as `warp`
+    if bool(top.isnan().any()):
+        raise FloatingPointError(NAN_LOGITS)
+    return best.tolist()
+
+
 def _greedy_verification(target: CausalLM, seq: list[int], x: list[int], q: torch.Tensor | None,
                          width: int) -> tuple[int, int, torch.Tensor, tuple[torch.Tensor, ...], float]:
     """A verification under greedy decoding without controls, on the raw logits' argmax.
@@ -341,10 +365,7 @@ def _greedy_verification(target: CausalLM, seq: list[int], x: list[int], q: torc
         raise RuntimeError(f"{target.name}: verification returned {logits.shape[0]} rows for "
                            f"{width} positions; its cache is out of step")
     logits = logits[:k + 1]
-    top, best = logits.max(-1)                   # max propagates NaN: the same guard as `warp`
-    if bool(top.isnan().any()):
-        raise FloatingPointError(NAN_LOGITS)
-    best = best.tolist()
+    best = _argmax_rows(logits)
     if not k:                                    # a plain step: nothing to rate (the hot path)
         return 0, best[0], logits, (None, None, None), seconds
     n = next((i for i in range(k) if x[i] != best[i]), k)
