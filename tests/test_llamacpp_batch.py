@@ -188,10 +188,12 @@ def test_repacking_in_the_invariant_mode_only_where_the_switch_covers_it(monkeyp
         use_extra_buffers(False)
 
 
+@pytest.mark.parametrize("gguf", ["smol_q4_0_gguf", "smol_q4_k_m_gguf"])
 @pytest.mark.parametrize("prefill", ["repacked", "plain"])
-def test_repacked_weights_keep_every_sequence_its_solo_logits(smol_q4_0_gguf, ids, prefill, monkeypatch):
-    """With llama.cpp's repacked weights (a Q4_0 model; the batch-invariant mode keeps them where
-    its switch scores them row by row) two sequences' rows in shared decodes, 1 + 1 rows and
+def test_repacked_weights_keep_every_sequence_its_solo_logits(request, gguf, ids, prefill, monkeypatch):
+    """With llama.cpp's repacked weights (Q4_0 and Q4_K_M models; the batch-invariant mode keeps
+    them where its switch scores them row by row, Q4_K rows through the multi-row kernel) two
+    sequences' rows in shared decodes, 1 + 1 rows and
     1 + 4 rows (4 rows of one decode would go through repack's 4-row gemm), replay bit for bit
     on a solo model of the same layout; with prompts prefilled on the plain layout (a prefill
     twin in both, `llamacpp_prefill`) too, also when a sequence rolls back into its prompt,
@@ -199,9 +201,10 @@ def test_repacked_weights_keep_every_sequence_its_solo_logits(smol_q4_0_gguf, id
     from verispec.models import llamacpp
     from verispec.models.llamacpp_batch import LlamaCppBatchModel
 
+    path = request.getfixturevalue(gguf)
     monkeypatch.setenv("VERISPEC_LLAMACPP_PREFILL", prefill)
-    batch = LlamaCppBatchModel.load(str(smol_q4_0_gguf), n_seq_max=2, n_ctx_per_seq=1024)
-    solo = llamacpp.LlamaCppModel.load(str(smol_q4_0_gguf), n_ctx=1024, batch_invariant=True)
+    batch = LlamaCppBatchModel.load(str(path), n_seq_max=2, n_ctx_per_seq=1024)
+    solo = llamacpp.LlamaCppModel.load(str(path), n_ctx=1024, batch_invariant=True)
     try:
         assert batch.extra_buffers and solo.extra_buffers
         assert (batch._twin is not None) == (solo._twin is not None) == (prefill == "plain")
