@@ -15,7 +15,8 @@ setup: $(VENV)/.installed
 # its sdist (~6-9 min on 2 cores, needs a C++ compiler) with one switch added to its llama.cpp,
 # llama_set_use_ref (tools/install_llama_cpp.py): the batch-invariant mode runs decodes and
 # verification forwards on the CPU backend's reference kernels, exactly as single tokens, and
-# prefills on the fast ones (sgemm, flash attention; docs/exactness.md). LLAMA_CMAKE_ARGS: extra
+# prefills on the fast ones (sgemm, flash attention; docs/exactness.md), verification rows on Q4_K
+# weights sharing one unpack of each weight block (tools/gemv_rows_q4_K.cpp). LLAMA_CMAKE_ARGS: extra
 # CMake flags for that build.
 LLAMA_CMAKE_ARGS ?=
 
