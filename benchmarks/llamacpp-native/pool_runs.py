@@ -1,54 +1,44 @@
-"""Pool several `native_bench.py` runs of the same prompts: aggregated tokens/s per method and
-category (Σ new tokens / Σ wall seconds over every run's generations), as ratios to native plain
-llama-server and to verispec plain, and the issue-25 goals read on the pooled figures.
+"""Pool several `native_bench.py` runs of the same prompts and read issue 25's goals off the
+pooled figures: `verispec.bench.summary.summarize` over every run's rows, each run's prompts
+kept apart (aggregated tokens/s = Σ new tokens / Σ wall seconds over all runs' generations),
+as ratios to native plain llama-server and to verispec plain.
 
     python benchmarks/llamacpp-native/pool_runs.py benchmarks/llamacpp-native/bench-9 \
         benchmarks/llamacpp-native/bench-10
-
-A generation counts in its category and in each of its groups (`multi-turn` rows are also
-`coding`, ...), as in the runs' own tables; failed generations are left out.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import json
 from pathlib import Path
 
-CATEGORIES = ["translation", "summarization", "qa", "math_reasoning", "rag", "multi-turn", "coding", "code-edit"]
+from verispec.bench.results import load_results
+from verispec.bench.summary import summarize
+
 PAYS = ["summarization", "coding", "code-edit"]         # issue 25: "> 1.0x native" where a drafter pays
 SINGLE = ["verispec-suffix", "verispec-lookup"]
 ROWS = ["plain", "plain-again", *SINGLE, "verispec-auto", "llama-server-ngram", "llama-server-draft"]
 
 
-def pooled(runs: list[Path]) -> dict[tuple[str, str], float]:
-    """{(category or "overall", method): aggregated tokens/s} over every run's results.jsonl."""
-    tokens, seconds = collections.defaultdict(float), collections.defaultdict(float)
-    for run in runs:
-        for line in (run / "results.jsonl").read_text().splitlines():
-            r = json.loads(line)
-            if r.get("error") or not r.get("wall_seconds"):
-                continue
-            groups = set(r.get("groups") or []) | {r["category"], "overall"}
-            for c in groups:
-                tokens[(c, r["method"])] += r["new_tokens"]
-                seconds[(c, r["method"])] += r["wall_seconds"]
-    return {key: tokens[key] / seconds[key] for key in tokens if seconds[key] > 0}
+def pooled_rows(runs: list[Path]) -> list[dict]:
+    """Every run's rows, each question id prefixed by its run (`summarize` keeps one row per
+    question id and method, so the same prompt in two runs must not collide)."""
+    return [{**r, "question_id": f"{run.name}:{r['question_id']}"} for run in runs for r in load_results(run)]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="native_bench.py output directories")
     args = ap.parse_args()
-    tps = pooled(args.runs)
-    cats = CATEGORIES + ["overall"]
+    s = summarize(pooled_rows(args.runs))
+    tps = {(c, m): cell["tokens_per_second"] for m, by in s["cells"].items() for c, cell in by.items()}
+    cats = s["categories"]
     print(f"pooled over {', '.join(str(r) for r in args.runs)}\n")
     print("| / native plain | " + " | ".join(cats) + " |\n|---|" + "---:|" * len(cats))
     for m in ROWS:
         print(f"| {m} | " + " | ".join(f"{tps[(c, m)] / tps[(c, 'llama-server')]:.2f}" for c in cats) + " |")
     print()
-    for c in CATEGORIES:
+    for c in cats[:-1]:
         plain = tps[(c, "plain")]
         auto, spread = tps[(c, "verispec-auto")] / plain, abs(tps[(c, "plain-again")] / plain - 1)
         best = max(tps[(c, m)] / plain for m in SINGLE)
