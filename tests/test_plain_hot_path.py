@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 
 import pytest
 import torch
@@ -214,3 +215,19 @@ def test_nan_logits_in_a_drafted_row_raise_on_the_shortcut():
 
     with pytest.raises(FloatingPointError, match="NaN logits"):
         _rounds(FunctionModel(broken, VOCAB), _Guesser(), standard, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_rows_takes_the_lowest_tied_id_and_rejects_nan_on_both_paths(dtype):
+    """`_argmax_rows` (numpy on CPU float32/float64, torch's max otherwise, here bfloat16):
+    each row's first maximum, and a NaN anywhere in a row raises as `warp` does."""
+    from verispec.decoding import NAN_LOGITS, _argmax_rows
+
+    logits = torch.zeros(3, 7, dtype=dtype)
+    logits[0, [2, 5]] = 1.0          # tie: 2
+    logits[1, 6] = 2.0
+    logits[2, [0, 3, 6]] = -1.0      # the maximum 0 first at id 1
+    assert _argmax_rows(logits) == [2, 6, 1]
+    logits[1, 4] = float("nan")
+    with pytest.raises(FloatingPointError, match=re.escape(NAN_LOGITS)):
+        _argmax_rows(logits)
