@@ -30,6 +30,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="native_bench.py output directories")
     args = ap.parse_args()
+    for run in args.runs:
+        methods = {r["method"] for r in load_results(run)}
+        if not {"plain", "llama-server", "verispec-auto"} <= methods:
+            ap.error(f"{run}: no results.jsonl with plain, llama-server and verispec-auto rows "
+                     "(give native_bench.py output directories)")
     s = summarize(pooled_rows(args.runs))
     tps = {(c, m): cell["tokens_per_second"] for m, by in s["cells"].items() for c, cell in by.items()}
     cats = s["categories"]
