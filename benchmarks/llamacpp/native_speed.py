@@ -1,10 +1,13 @@
 """Plain decoding speed: verispec `--k 0` against native `llama-bench`, interleaved in one run.
 
-Each repeat runs `llama-bench -p 512 -n 128 -t T` (native prefill of a 512-token prompt and
-decode of 128 tokens, llama.cpp's defaults) and verispec in this process with its default
-settings (no environment variables; the batch-invariant mode as shipped), native first in
-even repeats and verispec first in odd ones (a machine that drifts within a repeat favours
-neither side):
+Each repeat is a sandwich: `llama-bench -p 512 -n 128 -t T -r R` (native prefill of a
+512-token prompt and decode of 128 tokens, llama.cpp's defaults), then verispec in this process
+with its default settings (no environment variables; the batch-invariant mode as shipped) R
+times, then llama-bench again. verispec's ratio is to the mean of the two native runs around
+it, so a machine that drifts linearly within a repeat favours neither side (earlier runs that
+alternated native-first and verispec-first repeats read whichever side ran second ~7 % slow:
+the spread of a run was wider than the gap it measured). The A/A row is the second native run
+over the first: the noise the ratios sit in.
 
     prefill  a 512-token prompt (511 tokens prefilled, the last one is fed by the first
              round, as in every generation): 511 / Stats.prefill_seconds
@@ -20,7 +23,7 @@ The figures are tokens per second; the ratios are verispec / llama-bench of the 
 reported as median and range over repeats. Run it under the project's lock:
 
     flock /tmp/verispec-heavy.lock .venv/bin/python benchmarks/llamacpp/native_speed.py \
-        --repeats 3 --out benchmarks/llamacpp-native/speed.json
+        --repeats 6 --out benchmarks/llamacpp-native/speed.json
 """
 
 from __future__ import annotations
@@ -92,15 +95,20 @@ def bare_speeds(model: LlamaCppModel, long_ids: list[int], short_ids: list[int],
     return {"prefill": prefill, "decode": decode}
 
 
-def verispec_speeds(decoder: SpeculativeDecoder, long_ids: list[int], short_ids: list[int]) -> dict:
-    """verispec's prefill and k = 0 decode tokens/s (caches emptied first)."""
-    decoder.target.reset()
-    r = decoder.generate(long_ids, max_new_tokens=1, k=0)
-    prefill = (len(long_ids) - 1) / r.stats.prefill_seconds
-    decoder.target.reset()
-    r = decoder.generate(short_ids, max_new_tokens=128, k=0)
-    s = r.stats
-    return {"prefill": prefill, "decode": s.new_tokens / (s.wall_seconds - s.prefill_seconds),
+def verispec_speeds(decoder: SpeculativeDecoder, long_ids: list[int], short_ids: list[int],
+                    reps: int = 1) -> dict:
+    """verispec's prefill and k = 0 decode tokens/s (caches emptied first), each the mean over
+    `reps` runs (as llama-bench's avg_ts is the mean over its -r repetitions)."""
+    prefills, decodes = [], []
+    for _ in range(reps):
+        decoder.target.reset()
+        r = decoder.generate(long_ids, max_new_tokens=1, k=0)
+        prefills.append((len(long_ids) - 1) / r.stats.prefill_seconds)
+    for _ in range(reps):
+        decoder.target.reset()
+        s = decoder.generate(short_ids, max_new_tokens=128, k=0).stats
+        decodes.append(s.new_tokens / (s.wall_seconds - s.prefill_seconds))
+    return {"prefill": statistics.fmean(prefills), "decode": statistics.fmean(decodes),
             "decode_tokens": s.new_tokens}
 
 
@@ -110,7 +118,7 @@ def main() -> None:
     ap.add_argument("--bin-dir", default=str(BUILD / "bin"))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--bench-reps", type=int, default=2, help="llama-bench -r per repeat")
+    ap.add_argument("--bench-reps", type=int, default=2, help="llama-bench -r, and verispec runs, per sandwich")
     ap.add_argument("--native-args", default=[""], action="append",
                     help="more llama-bench arguments; repeat the option for several native rows "
                          "(the first is the reference of the ratios)")
@@ -144,29 +152,40 @@ def main() -> None:
     names = ["llama-bench" if i == 0 else f"llama-bench {a}" for i, a in enumerate(natives)]
 
     repeats = []
-    def native(row: dict) -> None:
+    def native(row: dict, when: str) -> None:
         for name, extra in zip(names, natives):
-            row[name] = llama_bench(Path(args.bin_dir) / "llama-bench", str(t.gguf_path),
-                                    args.threads, args.bench_reps, extra.split())
+            row[f"{name} {when}"] = llama_bench(Path(args.bin_dir) / "llama-bench", str(t.gguf_path),
+                                                args.threads, args.bench_reps, extra.split())
 
     def ours(row: dict) -> None:
         for name, d in decoders.items():
-            row[name] = verispec_speeds(d, long_ids, short_ids)
+            row[name] = verispec_speeds(d, long_ids, short_ids, args.bench_reps)
         if args.bare:
             row["bare llama-cpp-python"] = bare_speeds(variants["verispec"], long_ids, short_ids)
 
-    for i in range(args.repeats):
-        row = {"order": "native first" if i % 2 == 0 else "verispec first"}
-        for part in ((native, ours) if i % 2 == 0 else (ours, native)):   # mirrored: a drift
-            part(row)                                                     # favours neither side
+    for _ in range(args.repeats):
+        row = {}
+        native(row, "before")
+        ours(row)
+        native(row, "after")
+        for name in names:      # the sandwich's bread: each native row is the mean of its two runs
+            b, a = row.pop(f"{name} before"), row.pop(f"{name} after")
+            row[name] = {w: (b[w] + a[w]) / 2 for w in ("prefill", "decode")}
+            row[f"{name} (A/A: after / before)"] = {w: a[w] / b[w] for w in ("prefill", "decode")}
         repeats.append(row)
         print(json.dumps(row), file=sys.stderr)
 
     summary = {}
-    for name in [n for n in repeats[0] if n not in ("llama-bench", "order")]:
+    for what in ("prefill", "decode"):
+        aa = [r["llama-bench (A/A: after / before)"][what] for r in repeats]
+        summary[f"A/A llama-bench {what}"] = {"median_ratio": statistics.median(aa), "min_ratio": min(aa),
+                                              "max_ratio": max(aa), "tok_s": [], "llama_bench_tok_s": []}
+    for name in [n for n in repeats[0] if n != "llama-bench" and "A/A" not in n]:
         for what in ("prefill", "decode"):
             ratios = [r[name][what] / r["llama-bench"][what] for r in repeats]
             summary[f"{name} {what}"] = {"median_ratio": statistics.median(ratios),
+                                         "ratio_of_means": statistics.fmean(r[name][what] for r in repeats)
+                                         / statistics.fmean(r["llama-bench"][what] for r in repeats),
                                          "min_ratio": min(ratios), "max_ratio": max(ratios),
                                          "tok_s": [round(r[name][what], 2) for r in repeats],
                                          "llama_bench_tok_s": [round(r["llama-bench"][what], 2)
@@ -182,8 +201,8 @@ def main() -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
     for k, v in summary.items():
-        print(f"{k:40s} {v['median_ratio']:.3f}x native (range {v['min_ratio']:.3f}-{v['max_ratio']:.3f}); "
-              f"tok/s {v['tok_s']} vs {v['llama_bench_tok_s']}")
+        tail = f"; tok/s {v['tok_s']} vs {v['llama_bench_tok_s']}" if v["tok_s"] else ""
+        print(f"{k:40s} {v['median_ratio']:.3f}x native (range {v['min_ratio']:.3f}-{v['max_ratio']:.3f}){tail}")
 
 
 if __name__ == "__main__":

@@ -125,7 +125,9 @@ def collect_meta(**settings: Any) -> dict:
     """Command-independent facts about this machine and software, plus `settings`.
 
     Returns:
-        {"date", "loadavg_at_start", "machine": {cpu, cores, usable_cores, torch_threads, gpu, platform},
+        {"date", "loadavg_at_start", "machine": {cpu, cpu_capability (the widest SIMD torch
+         finds, e.g. "AVX2" or "AVX512": VMs sold under one CPU name differ in it, and llama.cpp's
+         kernels with them), cores, usable_cores, torch_threads, gpu, platform},
          "versions": {python, torch, transformers, llama-cpp-python, llama-cpp-patch (verispec's
          llama.cpp edits built in, `verispec.models.llamacpp.patch_level`; None without
          llama-cpp-python), verispec}, **settings}.
@@ -142,7 +144,8 @@ def collect_meta(**settings: Any) -> dict:
     return {
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "loadavg_at_start": loadavg(),
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable,
+        "machine": {"cpu": _cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "cores": os.cpu_count(), "usable_cores": usable,
                     "torch_threads": torch.get_num_threads(), "gpu": gpu,
                     "platform": platform.platform()},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
