@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..models.base import cpu_capability, cpu_name
 from .measure import loadavg
 from .methods import METHODS, BenchError
 
@@ -92,17 +93,6 @@ def read_meta(out_dir: str | os.PathLike) -> dict | None:
         return None
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def _version(module: str) -> str | None:
     try:
         from importlib.metadata import version
@@ -144,7 +134,7 @@ def collect_meta(**settings: Any) -> dict:
     return {
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "loadavg_at_start": loadavg(),
-        "machine": {"cpu": _cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine": {"cpu": cpu_name(), "cpu_capability": cpu_capability(),
                     "cores": os.cpu_count(), "usable_cores": usable,
                     "torch_threads": torch.get_num_threads(), "gpu": gpu,
                     "platform": platform.platform()},

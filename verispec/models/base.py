@@ -9,11 +9,31 @@ layout; rollback after a rejection is one `truncate` call.
 from __future__ import annotations
 
 import contextlib
+import platform
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo's "model name"; elsewhere `platform`'s guess)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_capability() -> str:
+    """The widest SIMD level torch finds on this CPU, e.g. "AVX2" or "AVX512"
+    (`torch.backends.cpu.get_cpu_capability`): machines sold under one CPU name differ in
+    it, and llama.cpp's and torch's kernels with them."""
+    return torch.backends.cpu.get_cpu_capability()
 
 
 class CausalLM(ABC):

@@ -40,11 +40,12 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
+
+from .base import cpu_capability, cpu_name
 
 #: VERISPEC_LLAMACPP_PREFILL: "auto" (default: the twin where it measured faster, `choose_layout`),
 #: "plain" (always a twin where supported), "repacked" (never: prefill on the main context)
@@ -229,23 +230,16 @@ class PrefillTwin:
 
 
 # -- which layout prefills faster here ---------------------------------------------------------
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def layout_key(gguf_path: str, n_threads: int, patch_level: int, flash_attn: bool = True) -> str:
-    """The cache key of a layout decision: the file (name and size), threads, CPU, build,
-    and flash attention (on in the batch-invariant mode, off without it by default; a
-    prefill's attention is part of what the probe times)."""
+    """The cache key of a layout decision: the file (name and size), threads, CPU (its name
+    and SIMD level: VMs sold as one "AMD EPYC" differ in AVX-512, and llama.cpp's prefill
+    kernels with it: the plain layout prefilled 1.5x faster than the repacked one with
+    AVX-512 and at the same speed on AVX2, benchmarks/llamacpp-native/README.md), build, and
+    flash attention (on in the batch-invariant mode, off without it by default; a prefill's
+    attention is part of what the probe times)."""
     path = Path(gguf_path)
-    return (f"{path.name}:{path.stat().st_size}:t{n_threads}:{_cpu_name()}:p{patch_level}"
-            + ("" if flash_attn else ":nofa"))
+    return (f"{path.name}:{path.stat().st_size}:t{n_threads}:{cpu_name()}:{cpu_capability()}:"
+            f"p{patch_level}" + ("" if flash_attn else ":nofa"))
 
 
 def _decisions_path() -> Path:
