@@ -421,11 +421,11 @@ def test_prefill_layout_key_tells_apart_cpus_of_one_name(tmp_path, monkeypatch):
     gguf.write_bytes(b"\0" * 16)
     monkeypatch.setattr(lp, "cpu_name", lambda: "AMD EPYC")
     keys = []
-    for level in ("AVX2", "AVX512", "AVX2"):
-        monkeypatch.setattr(lp, "cpu_capability", lambda level=level: level)
+    for level in ("avx2", "avx512", "avx2"):
+        monkeypatch.setattr(lp, "cpu_vector", lambda level=level: level)
         keys.append(lp.layout_key(str(gguf), 2, 3))
     assert keys[0] != keys[1] and keys[0] == keys[2]
-    assert "AVX512" in keys[1]
+    assert "avx512" in keys[1]
 
 
 def test_prefill_layout_choice_is_measured_once_and_kept(tmp_path, monkeypatch):

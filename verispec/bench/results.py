@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..models.base import cpu_capability, cpu_name
+from ..models.base import cpu_name, cpu_vector
 from .measure import loadavg
 from .methods import METHODS, BenchError
 
@@ -115,9 +115,8 @@ def collect_meta(**settings: Any) -> dict:
     """Command-independent facts about this machine and software, plus `settings`.
 
     Returns:
-        {"date", "loadavg_at_start", "machine": {cpu, cpu_capability (the widest SIMD torch
-         finds, e.g. "AVX2" or "AVX512": VMs sold under one CPU name differ in it, and llama.cpp's
-         kernels with them), cores, usable_cores, torch_threads, gpu, platform},
+        {"date", "loadavg_at_start", "machine": {cpu, cpu_vector (the widest SIMD
+         extension, `verispec.models.base.cpu_vector`: "avx512", "avx2", "neon" or ""), cores, usable_cores, torch_threads, gpu, platform},
          "versions": {python, torch, transformers, llama-cpp-python, llama-cpp-patch (verispec's
          llama.cpp edits built in, `verispec.models.llamacpp.patch_level`; None without
          llama-cpp-python), verispec}, **settings}.
@@ -134,7 +133,7 @@ def collect_meta(**settings: Any) -> dict:
     return {
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "loadavg_at_start": loadavg(),
-        "machine": {"cpu": cpu_name(), "cpu_capability": cpu_capability(),
+        "machine": {"cpu": cpu_name(), "cpu_vector": cpu_vector(),
                     "cores": os.cpu_count(), "usable_cores": usable,
                     "torch_threads": torch.get_num_threads(), "gpu": gpu,
                     "platform": platform.platform()},

@@ -29,11 +29,20 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def cpu_capability() -> str:
-    """The widest SIMD level torch finds on this CPU, e.g. "AVX2" or "AVX512"
-    (`torch.backends.cpu.get_cpu_capability`): machines sold under one CPU name differ in
-    it, and llama.cpp's and torch's kernels with them."""
-    return torch.backends.cpu.get_cpu_capability()
+def cpu_vector() -> str:
+    """The widest SIMD extension /proc/cpuinfo lists: "avx512", "avx2" or "neon" ("neon" on
+    any arm64 without one), else "". Machines sold under one CPU name differ in it (two
+    "AMD EPYC" VMs here, one with AVX-512 and one without), and llama.cpp's kernels with it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith(("flags", "Features"))), [])
+    except OSError:
+        flags = []
+    for flag, name in (("avx512f", "avx512"), ("avx2", "avx2"), ("asimd", "neon"), ("neon", "neon")):
+        if flag in flags:
+            return name
+    return "neon" if platform.machine() in ("arm64", "aarch64") else ""
 
 
 class CausalLM(ABC):

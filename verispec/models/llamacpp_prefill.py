@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import cpu_capability, cpu_name
+from .base import cpu_name, cpu_vector
 
 #: VERISPEC_LLAMACPP_PREFILL: "auto" (default: the twin where it measured faster, `choose_layout`),
 #: "plain" (always a twin where supported), "repacked" (never: prefill on the main context)
@@ -238,7 +238,7 @@ def layout_key(gguf_path: str, n_threads: int, patch_level: int, flash_attn: boo
     flash attention (on in the batch-invariant mode, off without it by default; a prefill's
     attention is part of what the probe times)."""
     path = Path(gguf_path)
-    return (f"{path.name}:{path.stat().st_size}:t{n_threads}:{cpu_name()}:{cpu_capability()}:"
+    return (f"{path.name}:{path.stat().st_size}:t{n_threads}:{cpu_name()}:{cpu_vector()}:"
             f"p{patch_level}" + ("" if flash_attn else ":nofa"))
 
 

@@ -16,10 +16,10 @@ processes only ever slow a run down.
 from __future__ import annotations
 
 import os
-import platform
 import time
 from functools import lru_cache
 
+from ..models.base import cpu_name, cpu_vector
 from .device import Hardware
 
 __all__ = ["local_hardware", "measure_bandwidth", "measure_flops", "physical_memory"]
@@ -66,31 +66,6 @@ def physical_memory() -> float | None:
         return None
 
 
-def _cpu_vector() -> str:
-    """The widest SIMD extension /proc/cpuinfo lists ("avx512", "avx2", "neon"), or ""."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f
-                          if line.startswith(("flags", "Features"))), [])
-    except OSError:
-        flags = []
-    for flag, name in (("avx512f", "avx512"), ("avx2", "avx2"), ("asimd", "neon"), ("neon", "neon")):
-        if flag in flags:
-            return name
-    return "neon" if platform.machine() in ("arm64", "aarch64") else ""
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 CLOCKS = ("wall", "thread")
 
 
@@ -120,7 +95,7 @@ def local_hardware(clock: str = "wall") -> Hardware:
     finally:
         torch.set_num_threads(threads)
     label = "1 thread, CPU time" if clock == "thread" else f"{threads} threads"
-    return Hardware(name=f"local ({_cpu_name()}, {label})", bandwidth=bw, flops=flops, memory=physical_memory(),
-                    n_devices=1, kind="cpu", vector=_cpu_vector(),
+    return Hardware(name=f"local ({cpu_name()}, {label})", bandwidth=bw, flops=flops, memory=physical_memory(),
+                    n_devices=1, kind="cpu", vector=cpu_vector(),
                     source=f"measured {time.strftime('%Y-%m-%d %H:%M')} ({label}): torch.sum over 1 GiB float32, "
                            f"torch.mm 1024^3 float32, best of 5")
